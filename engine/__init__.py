@@ -1,0 +1,1 @@
+"""engine: a durable task engine for trio applications, on PostgreSQL."""

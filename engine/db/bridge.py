@@ -1,0 +1,312 @@
+"""The one place where trio meets asyncio and asyncpg.
+
+asyncpg is an asyncio library; engine is a trio library. trio-asyncio runs an asyncio loop inside
+trio, and every crossing goes through :func:`call`, which also maps asyncpg's errors onto engine's
+error tree once, most specific first. Callers above this module never import asyncpg or
+trio_asyncio.
+
+Two traps from ``dependencies.md`` §3(e) shape this module:
+
+* ``async with aio_as_trio(pool.acquire())`` leaks the connection when cancelled, because the
+  release runs inside the cancelled scope. :meth:`Pool.acquire` releases under a shield, with a
+  deadline.
+* An error escaping ``trio_asyncio.open_loop()`` arrives double-wrapped in exception groups;
+  :func:`engine.cli` unwraps them at the top.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from engine.errors import (
+    ConnectionLost,
+    DatabaseError,
+    LockTimeout,
+    QueryCanceled,
+    UniqueViolation,
+)
+
+__all__ = [
+    "RELEASE_TIMEOUT",
+    "Connection",
+    "Pool",
+    "Record",
+    "asyncio_loop",
+    "call",
+    "connect",
+    "create_pool",
+    "map_error",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Record = asyncpg.Record
+
+#: Bound on shielded bookkeeping (release, rollback, commit). Long enough for a loaded server,
+#: short enough that shutdown never hangs on a dead one.
+RELEASE_TIMEOUT = 10.0
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.ConnectionFailureError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.InterfaceError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+
+
+def map_error(exc: BaseException) -> DatabaseError:
+    """Return the engine error for an asyncpg (or socket) exception; the caller chains it."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
+        return LockTimeout(message)
+    if isinstance(exc, asyncpg.exceptions.UniqueViolationError):
+        return UniqueViolation(message, constraint_name=getattr(exc, "constraint_name", None))
+    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
+        return QueryCanceled(message)
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return ConnectionLost(message)
+    err = DatabaseError(message)
+    err.sqlstate = getattr(exc, "sqlstate", None)
+    return err
+
+
+async def call(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Await asyncio callable ``fn`` from trio, with asyncpg errors mapped to engine's tree."""
+    try:
+        return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)  # type: ignore[no-any-return]
+    except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
+        raise map_error(exc) from exc
+
+
+@asynccontextmanager
+async def asyncio_loop() -> AsyncIterator[None]:
+    """Make sure a trio-asyncio loop is open; reuse the embedding app's loop when it has one."""
+    if trio_asyncio.current_loop.get() is not None:
+        yield
+        return
+    async with trio_asyncio.open_loop():
+        yield
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # JSON in, JSON out: args, metadata and payloads are plain Python values at our seams.
+    for typename in ("json", "jsonb"):
+        await conn.set_type_codec(
+            typename,
+            encoder=lambda v: json.dumps(v, separators=(",", ":")),
+            decoder=json.loads,
+            schema="pg_catalog",
+        )
+
+
+class Connection:
+    """A trio-facing asyncpg connection: the same query methods, awaited from trio."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: asyncpg.Connection) -> None:
+        self.raw = raw
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+        """Run a statement; return its status tag (``UPDATE 3``)."""
+        return await call(self.raw.execute, query, *args, timeout=timeout)
+
+    async def executemany(self, query: str, args: Sequence[Sequence[Any]]) -> None:
+        """Run a statement once per argument tuple, in one round trip pipeline."""
+        await call(self.raw.executemany, query, args)
+
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Record]:
+        """Run a query and return every row."""
+        return await call(self.raw.fetch, query, *args, timeout=timeout)
+
+    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Record | None:
+        """Run a query and return its first row, or None."""
+        return await call(self.raw.fetchrow, query, *args, timeout=timeout)
+
+    async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+        """Run a query and return the first column of its first row."""
+        return await call(self.raw.fetchval, query, *args, timeout=timeout)
+
+    async def copy_records(
+        self, table: str, records: Sequence[Sequence[Any]], columns: Sequence[str]
+    ) -> str:
+        """COPY ``records`` into ``table``: the fastest bulk insert Postgres offers."""
+        return await call(
+            self.raw.copy_records_to_table, table, records=records, columns=list(columns)
+        )
+
+    def is_closed(self) -> bool:
+        """True once the connection is closed or lost."""
+        return bool(self.raw.is_closed())
+
+    @property
+    def backend_pid(self) -> int:
+        """The server process id serving this connection."""
+        return int(self.raw.get_server_pid())
+
+    @asynccontextmanager
+    async def transaction(self, isolation: str | None = None) -> AsyncIterator[Connection]:
+        """Run the block in a transaction: commit on success, roll back on any exception.
+
+        Commit and rollback run shielded with a deadline: a cancellation arriving while we record
+        what already happened must not leave the outcome unknown, and a dead server must not hang
+        shutdown.
+        """
+        tx = self.raw.transaction(isolation=isolation)
+        await call(tx.start)
+        try:
+            yield self
+        except BaseException:
+            with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
+                try:
+                    await call(tx.rollback)
+                except DatabaseError:
+                    pass  # the original error is the one worth raising
+            raise
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(RELEASE_TIMEOUT) as scope:
+                await call(tx.commit)
+        if scope.cancelled_caught:
+            raise ConnectionLost(f"commit did not finish within {RELEASE_TIMEOUT} s")
+
+    async def close(self) -> None:
+        """Close the connection, shielded and bounded."""
+        with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
+            try:
+                await call(self.raw.close)
+            except DatabaseError:
+                self.raw.terminate()
+
+
+class Pool:
+    """A trio-facing asyncpg pool whose connections are always returned, even on cancellation."""
+
+    __slots__ = ("dsn", "raw")
+
+    def __init__(self, raw: asyncpg.Pool, dsn: str) -> None:
+        self.raw = raw
+        self.dsn = dsn
+
+    @asynccontextmanager
+    async def acquire(self, timeout: float | None = None) -> AsyncIterator[Connection]:
+        """Borrow a connection; it goes back to the pool under a shield, never leaked."""
+        raw = await call(self.raw.acquire, timeout=timeout)
+        try:
+            yield Connection(raw)
+        finally:
+            with trio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
+                try:
+                    await call(self.raw.release, raw)
+                except DatabaseError:
+                    raw.terminate()
+            if scope.cancelled_caught:
+                raw.terminate()
+
+    @asynccontextmanager
+    async def transaction(self, isolation: str | None = None) -> AsyncIterator[Connection]:
+        """Borrow a connection and run the block in one transaction on it."""
+        async with self.acquire() as conn, conn.transaction(isolation) as tx:
+            yield tx
+
+    async def execute(self, query: str, *args: Any) -> str:
+        """Run one statement on a pooled connection."""
+        async with self.acquire() as conn:
+            return await conn.execute(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[Record]:
+        """Run one query on a pooled connection and return every row."""
+        async with self.acquire() as conn:
+            return await conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> Record | None:
+        """Run one query on a pooled connection and return its first row."""
+        async with self.acquire() as conn:
+            return await conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        """Run one query on a pooled connection and return one value."""
+        async with self.acquire() as conn:
+            return await conn.fetchval(query, *args)
+
+    def size(self) -> int:
+        """Connections currently open."""
+        return int(self.raw.get_size())
+
+    def in_use(self) -> int:
+        """Connections currently borrowed."""
+        return int(self.raw.get_size() - self.raw.get_idle_size())
+
+    def max_size(self) -> int:
+        """The most connections this pool opens."""
+        return int(self.raw.get_max_size())
+
+    async def close(self) -> None:
+        """Close the pool, shielded and bounded; connections still out are terminated."""
+        with trio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
+            await call(self.raw.close)
+        if scope.cancelled_caught:
+            self.raw.terminate()
+
+
+def _server_settings(application_name: str, lock_timeout: float | None) -> dict[str, str]:
+    settings = {"application_name": application_name}
+    if lock_timeout is not None:
+        settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
+    return settings
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    statement_cache_size: int = 100,
+    application_name: str = "engine",
+    lock_timeout: float | None = None,
+    command_timeout: float | None = None,
+) -> Pool:
+    """Open an asyncpg pool usable from trio (inside :func:`asyncio_loop`)."""
+    raw = await call(
+        asyncpg.create_pool,
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        statement_cache_size=statement_cache_size,
+        command_timeout=command_timeout,
+        server_settings=_server_settings(application_name, lock_timeout),
+        init=_init_connection,
+    )
+    return Pool(raw, dsn)
+
+
+async def connect(
+    dsn: str,
+    *,
+    application_name: str = "engine",
+    statement_cache_size: int = 100,
+    timeout: float = 10.0,
+) -> Connection:
+    """Open a dedicated connection, for long-lived loops (listener, producer, completer)."""
+    raw = await call(
+        asyncpg.connect,
+        dsn,
+        timeout=timeout,
+        statement_cache_size=statement_cache_size,
+        server_settings=_server_settings(application_name, None),
+    )
+    await call(_init_connection, raw)
+    return Connection(raw)

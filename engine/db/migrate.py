@@ -1,0 +1,102 @@
+"""Apply ``sql/migrations/`` in order, exactly once, even with many migrators at once.
+
+Every migrator takes one session advisory lock, reads what is applied, and applies the rest each
+in its own transaction, recording it in ``engine_migration``. River's own migrator takes no lock
+(``reference-semantics.md`` §3.1), which is why the reference retries start-up; ours does not
+need to.
+
+A migration whose first line is ``-- engine: skip_when_river_schema`` is recorded as skipped when
+River's own schema (line ``main``, version 6 or later) is already in the database, so a Go River
+service and engine share its tables as they are.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import attrs
+import trio
+
+from engine.db.bridge import RELEASE_TIMEOUT, Connection
+from engine.db.sqlfiles import QUERIES, Migration, load_migrations
+from engine.errors import DatabaseError, MigrationError
+
+__all__ = ["MIGRATION_LOCK_KEY", "MigrationReport", "migrate", "pending_migrations"]
+
+#: Advisory lock key shared by every engine migrator (a stable hash of a fixed name).
+MIGRATION_LOCK_KEY = zlib.crc32(b"engine.migrate")
+_SKIP_DIRECTIVE = "-- engine: skip_when_river_schema"
+_RIVER_MIN_VERSION = 6
+
+_TABLE_CREATE = QUERIES["migration_table_create"]
+_LOCK = QUERIES["migration_lock"]
+_UNLOCK = QUERIES["migration_unlock"]
+_GET_APPLIED = QUERIES["migration_get_applied"]
+_INSERT = QUERIES["migration_insert"]
+_RIVER_EXISTS = QUERIES["migration_river_table_exists"]
+_RIVER_VERSION = QUERIES["migration_river_version"]
+
+
+@attrs.frozen
+class MigrationReport:
+    """What one :func:`migrate` call did."""
+
+    applied: tuple[int, ...]
+    skipped: tuple[int, ...]
+    already: tuple[int, ...]
+
+
+async def _river_version(conn: Connection) -> int | None:
+    if not await conn.fetchval(_RIVER_EXISTS):
+        return None
+    version = await conn.fetchval(_RIVER_VERSION)
+    return None if version is None else int(version)
+
+
+async def pending_migrations(conn: Connection) -> list[Migration]:
+    """Migrations not yet recorded (the table may not exist yet: then all of them)."""
+    exists = await conn.fetchval("SELECT to_regclass('engine_migration') IS NOT NULL")
+    done = {r["version"] for r in await conn.fetch(_GET_APPLIED)} if exists else set()
+    return [m for m in load_migrations() if m.version not in done]
+
+
+async def migrate(conn: Connection) -> MigrationReport:
+    """Bring the database on ``conn`` up to the newest migration.
+
+    Raises:
+        MigrationError: a migration failed (its transaction is rolled back and nothing after it
+            runs), or River's schema is present but older than version 6.
+    """
+    applied: list[int] = []
+    skipped: list[int] = []
+    await conn.execute(_LOCK, MIGRATION_LOCK_KEY)
+    try:
+        await conn.execute(_TABLE_CREATE)
+        done = {r["version"] for r in await conn.fetch(_GET_APPLIED)}
+        todo = [m for m in load_migrations() if m.version not in done]
+        for migration in todo:
+            skip = False
+            if migration.sql.startswith(_SKIP_DIRECTIVE):
+                river = await _river_version(conn)
+                if river is not None and river < _RIVER_MIN_VERSION:
+                    raise MigrationError(
+                        f"this database holds River's schema at version {river}; engine needs "
+                        f"version {_RIVER_MIN_VERSION} or later: run River's migrations first"
+                    )
+                skip = river is not None
+            try:
+                async with conn.transaction():
+                    if not skip:
+                        await conn.execute(migration.sql)
+                    await conn.execute(_INSERT, migration.version, migration.name, skip)
+            except DatabaseError as exc:
+                raise MigrationError(
+                    f"migration {migration.version:04d}_{migration.name} failed: {exc}"
+                ) from exc
+            (skipped if skip else applied).append(migration.version)
+        return MigrationReport(tuple(applied), tuple(skipped), tuple(sorted(done)))
+    finally:
+        # Shielded: a cancelled migrator must not keep other migrators waiting on its lock.
+        with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
+            if not conn.is_closed():
+                await conn.execute(_UNLOCK, MIGRATION_LOCK_KEY)

@@ -1,0 +1,131 @@
+"""The one error tree of engine.
+
+Every error engine raises on purpose derives from :class:`EngineError`; the message defaults to
+the class docstring, so ``raise LeaseUnavailable()`` still says something useful::
+
+    EngineError
+    ├── ConfigError                 invalid configuration; lists every bad field
+    ├── EmbeddedPostgresError       the private PostgreSQL server could not be found, started or stopped
+    ├── DatabaseError               a database call failed (asyncpg error kept as __cause__)
+    │   ├── ConnectionLost          the server went away or could not be reached
+    │   ├── LockTimeout             SQLSTATE 55P03, lock_timeout exceeded
+    │   ├── UniqueViolation         SQLSTATE 23505; carries constraint_name
+    │   └── QueryCanceled           SQLSTATE 57014, statement_timeout or a cancel request
+    ├── MigrationError              a migration could not be applied
+    ├── UnknownQuery                a named SQL query does not exist
+    ├── JobError                    queue-level misuse (bad insert options, unknown kind)
+    └── TaskError                   task-level outcomes callers branch on
+        ├── InvalidTask             submit input rejected before anything was stored
+        ├── TaskNotFound
+        ├── LeaseUnavailable        another live execution token holds the task
+        └── ManualReview            an ambiguous upstream submission; needs a human
+
+Using an engine object after it was closed raises ``RuntimeError`` (our own misuse), while a
+peer or database failure raises a :class:`DatabaseError` (trio's Closed vs Broken distinction).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConnectionLost",
+    "DatabaseError",
+    "EmbeddedPostgresError",
+    "EngineError",
+    "InvalidTask",
+    "JobError",
+    "LeaseUnavailable",
+    "LockTimeout",
+    "ManualReview",
+    "MigrationError",
+    "QueryCanceled",
+    "TaskError",
+    "TaskNotFound",
+    "UniqueViolation",
+    "UnknownQuery",
+]
+
+
+class EngineError(Exception):
+    """An engine error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or (self.__doc__ or type(self).__name__).strip().splitlines()[0]
+        super().__init__(self.message)
+
+
+class ConfigError(EngineError):
+    """The configuration is invalid."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid configuration ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class EmbeddedPostgresError(EngineError):
+    """The embedded PostgreSQL server could not be found, started or stopped."""
+
+
+class DatabaseError(EngineError):
+    """A database call failed."""
+
+    sqlstate: str | None = None
+
+
+class ConnectionLost(DatabaseError):
+    """The database connection was lost or could not be opened."""
+
+
+class LockTimeout(DatabaseError):
+    """A lock could not be acquired within lock_timeout (SQLSTATE 55P03)."""
+
+    sqlstate = "55P03"
+
+
+class UniqueViolation(DatabaseError):
+    """A unique constraint was violated (SQLSTATE 23505)."""
+
+    sqlstate = "23505"
+
+    def __init__(self, message: str | None = None, constraint_name: str | None = None) -> None:
+        super().__init__(message)
+        self.constraint_name = constraint_name
+
+
+class QueryCanceled(DatabaseError):
+    """A statement was cancelled by statement_timeout or a cancel request (SQLSTATE 57014)."""
+
+    sqlstate = "57014"
+
+
+class MigrationError(EngineError):
+    """A migration could not be applied."""
+
+
+class UnknownQuery(EngineError):
+    """No SQL query is registered under that name."""
+
+
+class JobError(EngineError):
+    """A job could not be inserted or worked as asked."""
+
+
+class TaskError(EngineError):
+    """A task-level error."""
+
+
+class InvalidTask(TaskError):
+    """The task input was rejected; nothing was stored."""
+
+
+class TaskNotFound(TaskError):
+    """No task has that id."""
+
+
+class LeaseUnavailable(TaskError):
+    """Another live execution holds the task's lease."""
+
+
+class ManualReview(TaskError):
+    """The task was submitted upstream with no recorded outcome; it needs manual review."""

@@ -1,0 +1,203 @@
+"""Inserting jobs: one statement for one job or twenty thousand, unique or not (§4.1).
+
+Every insert goes through ``job_insert_many`` (an ``unnest`` INSERT ... ON CONFLICT on the
+partial unique index), so bulk inserts keep River's uniqueness and a duplicate returns the live
+job flagged ``skipped``. The NOTIFY that wakes producers rides in the same statement, and is sent
+only when an inserted job is available, at most once per queue per ``notify_cooldown`` per
+process (River's ``notifylimiter``).
+
+Jobs are invisible until the caller's transaction commits and vanish on rollback, because the
+insert runs on whatever connection it is given (:func:`insert_tx`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+
+from engine.db.bridge import Connection, Pool
+from engine.db.sqlfiles import QUERIES
+from engine.queue.job import (
+    InsertOpts,
+    InsertResult,
+    Job,
+    args_kind,
+    args_to_dict,
+    unique_arg_names,
+)
+from engine.queue.states import JobState
+from engine.queue.unique import unique_key
+
+__all__ = ["InsertParams", "NotifyLimiter", "insert", "insert_many", "insert_tx", "prepare"]
+
+_INSERT_MANY = QUERIES["job_insert_many"]
+#: Rows per statement: large enough to amortise the round trip, small enough to stay well under
+#: Postgres's parameter and memory limits (River's completer uses the same sub-batch size).
+CHUNK = 5000
+
+
+@attrs.frozen
+class InsertParams:
+    """One job ready to insert: every column value, computed in Python."""
+
+    kind: str
+    args: dict[str, Any]
+    queue: str
+    priority: int
+    max_attempts: int
+    scheduled_at: datetime | None
+    state: JobState
+    tags: tuple[str, ...]
+    metadata: Mapping[str, Any]
+    unique_key: bytes | None
+    unique_states: str | None
+
+
+def prepare(args: Any, opts: InsertOpts | None = None, *, kind: str | None = None) -> InsertParams:
+    """Turn args and options into column values, validating both before anything is stored.
+
+    Args:
+        args: an attrs instance whose class has ``kind``, or a mapping together with ``kind``.
+        opts: insert options (River's defaults when omitted).
+        kind: the job kind when ``args`` is a mapping.
+
+    Raises:
+        JobError: no kind, unencodable args, bad unique options.
+    """
+    opts = opts or InsertOpts()
+    kind = kind or args_kind(args)
+    values = args_to_dict(args)
+    state = JobState.AVAILABLE
+    if opts.pending:
+        state = JobState.PENDING
+    elif opts.scheduled_at is not None:
+        # River: any ScheduledAt makes the job scheduled, even a past one (§4.1.2).
+        state = JobState.SCHEDULED
+    key: bytes | None = None
+    states: str | None = None
+    if opts.unique is not None and not opts.unique.is_empty:
+        unique = opts.unique
+        if unique.by_args is True:
+            tagged = unique_arg_names(args)
+            if tagged is not None:
+                unique = attrs.evolve(unique, by_args=tagged)
+        key = unique_key(kind, values, opts.queue, unique, opts.scheduled_at or datetime.now(UTC))
+        states = unique.states_bitmask()
+    return InsertParams(
+        kind=kind,
+        args=values,
+        queue=opts.queue,
+        priority=opts.priority,
+        max_attempts=opts.max_attempts,
+        scheduled_at=opts.scheduled_at,
+        state=state,
+        tags=opts.tags,
+        metadata=opts.metadata,
+        unique_key=key,
+        unique_states=states,
+    )
+
+
+class NotifyLimiter:
+    """At most one insert NOTIFY per queue per ``cooldown`` seconds in this process."""
+
+    def __init__(self, channel: str, cooldown: float) -> None:
+        self.channel = channel
+        self.cooldown = cooldown
+        self._last: dict[str, float] = {}
+
+    def payloads(self, queues: Iterable[str]) -> list[str]:
+        """The NOTIFY payloads to send now for inserts into ``queues``; records them as sent."""
+        now = time.monotonic()
+        out = []
+        for queue in dict.fromkeys(queues):
+            last = self._last.get(queue)
+            if last is None or now - last >= self.cooldown:
+                self._last[queue] = now
+                out.append(json.dumps({"queue": queue}, separators=(",", ":")))
+        return out
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+async def _insert_chunk(
+    conn: Connection, chunk: Sequence[InsertParams], limiter: NotifyLimiter | None
+) -> list[InsertResult]:
+    # Two rows with one live unique key in one statement would make ON CONFLICT touch a row
+    # twice (an error); send the first and answer the rest with its result, flagged skipped.
+    first_of: dict[bytes, int] = {}
+    send: list[InsertParams] = []
+    slot: list[tuple[int, bool]] = []
+    for p in chunk:
+        if p.unique_key is not None and p.unique_key in first_of:
+            slot.append((first_of[p.unique_key], True))
+            continue
+        if p.unique_key is not None:
+            first_of[p.unique_key] = len(send)
+        slot.append((len(send), False))
+        send.append(p)
+    available = [p.queue for p in send if p.state is JobState.AVAILABLE]
+    payloads = limiter.payloads(available) if limiter is not None and available else []
+    rows = await conn.fetch(
+        _INSERT_MANY,
+        [p.kind for p in send],
+        [_dumps(p.args) for p in send],
+        [p.queue for p in send],
+        [p.priority for p in send],
+        [p.max_attempts for p in send],
+        [p.scheduled_at for p in send],
+        [p.state.value for p in send],
+        [_dumps(list(p.tags)) for p in send],
+        [_dumps(dict(p.metadata)) for p in send],
+        [p.unique_key for p in send],
+        [p.unique_states for p in send],
+        limiter.channel if limiter is not None else "",
+        payloads,
+    )
+    # RETURNING yields rows in the order INSERT ... SELECT ... ORDER BY produced them.
+    results = [InsertResult(Job.from_record(r), bool(r["skipped"])) for r in rows]
+    return [
+        InsertResult(results[i].job, True) if dup else results[i] for i, dup in slot
+    ]
+
+
+async def insert_tx(
+    conn: Connection,
+    params: Sequence[InsertParams],
+    limiter: NotifyLimiter | None = None,
+) -> list[InsertResult]:
+    """Insert on ``conn``, inside whatever transaction the caller holds.
+
+    The jobs become visible when that transaction commits and are gone if it rolls back.
+    """
+    out: list[InsertResult] = []
+    for start in range(0, len(params), CHUNK):
+        out.extend(await _insert_chunk(conn, params[start : start + CHUNK], limiter))
+    return out
+
+
+async def insert_many(
+    pool: Pool, params: Sequence[InsertParams], limiter: NotifyLimiter | None = None
+) -> list[InsertResult]:
+    """Insert many jobs in one transaction (one statement per :data:`CHUNK` rows)."""
+    if len(params) <= CHUNK:
+        async with pool.acquire() as conn:
+            return await _insert_chunk(conn, params, limiter)
+    async with pool.transaction() as conn:
+        return await insert_tx(conn, params, limiter)
+
+
+async def insert(
+    pool: Pool, params: InsertParams, limiter: NotifyLimiter | None = None
+) -> InsertResult:
+    """Insert one job in its own (implicit) transaction: one round trip."""
+    async with pool.acquire() as conn:
+        (result,) = await _insert_chunk(conn, [params], limiter)
+    return result

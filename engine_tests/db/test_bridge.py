@@ -1,0 +1,81 @@
+"""The trio–asyncpg bridge: errors, transactions, cancellation, pools."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from engine.db.bridge import Connection, create_pool
+from engine.db.database import Database
+from engine.errors import DatabaseError, LockTimeout, UniqueViolation
+
+
+async def test_query_round_trip_and_json_codec(conn: Connection) -> None:
+    assert await conn.fetchval("SELECT 1") == 1
+    assert await conn.fetchval("SELECT $1::jsonb", {"a": [1, 2]}) == {"a": [1, 2]}
+    assert await conn.fetchval("SELECT ARRAY['{\"x\":1}'::jsonb]") == [{"x": 1}]
+
+
+async def test_errors_are_mapped_to_engine_types(conn: Connection) -> None:
+    await conn.execute("CREATE TABLE u (id int PRIMARY KEY)")
+    await conn.execute("INSERT INTO u VALUES (1)")
+    with pytest.raises(UniqueViolation) as info:
+        await conn.execute("INSERT INTO u VALUES (1)")
+    assert info.value.constraint_name == "u_pkey"
+    with pytest.raises(DatabaseError, match="does not exist") as bad:
+        await conn.execute("SELECT * FROM missing_table")
+    assert bad.value.sqlstate == "42P01"
+
+
+async def test_transaction_commits_and_rolls_back(conn: Connection) -> None:
+    await conn.execute("CREATE TABLE t (v int)")
+    async with conn.transaction():
+        await conn.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(RuntimeError, match="boom"):
+        async with conn.transaction():
+            await conn.execute("INSERT INTO t VALUES (2)")
+            raise RuntimeError("boom")
+    assert await conn.fetch("SELECT v FROM t") == [(1,)]
+
+
+async def test_real_lock_timeout_is_lock_timeout(db_url: str, conn: Connection) -> None:
+    await conn.execute("CREATE TABLE l (id int PRIMARY KEY); INSERT INTO l VALUES (1)")
+    pool = await create_pool(db_url, lock_timeout=0.05)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT * FROM l WHERE id = 1 FOR UPDATE")
+            with pytest.raises(LockTimeout):
+                await pool.execute("UPDATE l SET id = 2 WHERE id = 1")
+    finally:
+        await pool.close()
+
+
+async def test_cancelled_query_returns_connection_and_leaves_server(
+    database: Database, conn: Connection
+) -> None:
+    pool = database.tasks
+    with trio.move_on_after(0.3) as scope:
+        await pool.fetchval("SELECT pg_sleep(30)")
+    assert scope.cancelled_caught
+    assert pool.in_use() == 0
+    # The server-side query is gone too: asyncpg sent a cancel request.
+    with trio.fail_after(5):
+        while await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'"
+        ):
+            await trio.sleep(0.01)
+    assert await pool.fetchval("SELECT 41 + 1") == 42
+
+
+async def test_cancelling_many_borrowers_leaks_nothing(database: Database) -> None:
+    pool = database.tasks
+
+    async def borrow() -> None:
+        async with pool.acquire() as c:
+            await c.fetchval("SELECT pg_sleep(30)")
+
+    with trio.move_on_after(0.3):
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(borrow)
+    assert pool.in_use() == 0

@@ -1,0 +1,96 @@
+"""Migrations: applied in order, exactly once, also with several migrators at once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from engine.db.bridge import connect
+from engine.db.dsn import replace_database
+from engine.db.migrate import migrate, pending_migrations
+from engine.db.sqlfiles import load_migrations
+from engine.errors import MigrationError
+
+
+@pytest.fixture
+async def empty_url(pg_admin_url: str, aio_loop: None) -> AsyncIterator[str]:
+    name = f"engine_e_{uuid.uuid4().hex[:12]}"
+    admin = await connect(pg_admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    try:
+        yield replace_database(pg_admin_url, name)
+    finally:
+        with trio.CancelScope(shield=True):
+            admin = await connect(pg_admin_url)
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.close()
+
+
+async def test_migrate_applies_everything_once_then_nothing(empty_url: str) -> None:
+    conn = await connect(empty_url)
+    try:
+        assert len(await pending_migrations(conn)) == len(load_migrations())
+        first = await migrate(conn)
+        assert first.applied == tuple(m.version for m in load_migrations())
+        second = await migrate(conn)
+        assert second.applied == ()
+        assert second.already == first.applied
+        assert await pending_migrations(conn) == []
+    finally:
+        await conn.close()
+
+
+async def test_three_concurrent_migrators_apply_each_migration_once(empty_url: str) -> None:
+    reports = []
+
+    async def one() -> None:
+        conn = await connect(empty_url)
+        try:
+            reports.append(await migrate(conn))
+        finally:
+            await conn.close()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(one)
+    applied = [v for r in reports for v in r.applied]
+    assert sorted(applied) == [m.version for m in load_migrations()]
+    conn = await connect(empty_url)
+    try:
+        rows = await conn.fetch("SELECT version, count(*) FROM engine_migration GROUP BY 1")
+        assert all(r[1] == 1 for r in rows)
+        assert len(rows) == len(load_migrations())
+    finally:
+        await conn.close()
+
+
+async def test_existing_river_schema_is_used_as_is(empty_url: str) -> None:
+    conn = await connect(empty_url)
+    try:
+        # What River's own migrator leaves behind, reduced to what the check looks at.
+        await conn.execute(
+            "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz);"
+            "INSERT INTO river_migration VALUES ('main', 6, now())"
+        )
+        report = await migrate(conn)
+        assert 1 in report.skipped
+        assert await conn.fetchval("SELECT to_regclass('river_job') IS NULL")
+    finally:
+        await conn.close()
+
+
+async def test_old_river_schema_is_refused_with_a_clear_error(empty_url: str) -> None:
+    conn = await connect(empty_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz);"
+            "INSERT INTO river_migration VALUES ('main', 4, now())"
+        )
+        with pytest.raises(MigrationError, match=r"River's schema at version 4.*version 6"):
+            await migrate(conn)
+    finally:
+        await conn.close()

@@ -1,0 +1,48 @@
+"""Developer sessions: ``nox -s tests`` (default), ``lint``, ``typecheck``, ``bench``, ``chaos``.
+
+Sessions run on the interpreter nox itself runs on (3.11-3.13 are supported), so a fresh machine
+needs nothing but ``pip install nox``. ``tests_all`` runs the suite on every supported Python
+that is installed.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite against a real PostgreSQL (embedded unless ENGINE_TEST_DATABASE_URL)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(python=["3.11", "3.12", "3.13"])
+def tests_all(session: nox.Session) -> None:
+    """The suite on each supported interpreter found on this machine."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff>=0.8,<1")
+    session.run("ruff", "check", "engine", "engine_tests", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict, over the package."""
+    session.install("-e", ".[test]", "mypy>=1.13,<3")
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run every benchmark scenario and write one markdown table to bench-results.md."""
+    session.install("-e", ".")
+    session.run("python", "-m", "engine", "bench", "all", "--markdown", "bench-results.md")

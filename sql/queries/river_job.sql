@@ -1,0 +1,237 @@
+-- Table river_job: River's job rows. Hot queries (claim, complete) are guarded by EXPLAIN tests.
+
+-- name: job_insert_many
+-- Insert jobs in one statement, skipping live duplicates by unique key, and NOTIFY in the same
+-- statement when any inserted job is available. Returns the inserted row or, on a unique
+-- conflict, the existing live row with skipped = true (River's unique_skipped_as_duplicate).
+-- $1 kind[], $2 args jsonb-as-text[], $3 queue[], $4 priority[], $5 max_attempts[],
+-- $6 scheduled_at[] (NULL = now), $7 state[], $8 tags text[] as JSON text[], $9 metadata text[],
+-- $10 unique_key bytea[], $11 unique_states text[] (bit(8) literal or NULL),
+-- $12 notify channel, $13 notify payloads text[] (one per queue, may be empty).
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        $1::text[], $2::text[], $3::text[], $4::smallint[], $5::smallint[],
+        $6::timestamptz[], $7::river_job_state[], $8::text[], $9::text[], $10::bytea[], $11::text[]
+    ) WITH ORDINALITY AS i(kind, args, queue, priority, max_attempts, scheduled_at, state, tags,
+                           metadata, unique_key, unique_states, ord)
+),
+inserted AS (
+    INSERT INTO river_job (
+        kind, args, queue, priority, max_attempts, scheduled_at, state, tags, metadata,
+        unique_key, unique_states
+    )
+    SELECT kind, args::jsonb, queue, priority, max_attempts, coalesce(scheduled_at, now()), state,
+           ARRAY(SELECT jsonb_array_elements_text(tags::jsonb))::varchar(255)[],
+           metadata::jsonb, unique_key, unique_states::bit(8)
+    FROM input
+    ORDER BY ord
+    ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL
+          AND unique_states IS NOT NULL
+          AND river_job_state_in_bitmask(unique_states, state)
+        -- A no-op update so RETURNING yields the existing row; xmax != 0 marks it a duplicate.
+        DO UPDATE SET kind = EXCLUDED.kind
+    RETURNING river_job.*, (xmax != 0) AS skipped
+),
+notified AS (
+    SELECT count(pg_notify($12, payload)) AS n FROM unnest($13::text[]) AS payload
+)
+SELECT inserted.* FROM inserted, notified;
+
+-- name: job_get_available
+-- Claim up to $2 available jobs of queue $1 for client $3 in one statement; the rows come back
+-- running with attempt + 1. SKIP LOCKED lets many producers claim at once without waiting on
+-- each other; a paused queue yields nothing. $4 now (NULL = now()).
+WITH locked_jobs AS (
+    SELECT id
+    FROM river_job
+    WHERE state = 'available'
+      AND queue = $1
+      AND scheduled_at <= coalesce($4::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM river_queue WHERE name = $1 AND paused_at IS NOT NULL
+      )
+    ORDER BY priority, scheduled_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE river_job
+SET state = 'running',
+    attempt = river_job.attempt + 1,
+    attempted_at = coalesce($4::timestamptz, now()),
+    -- Keep the last 100 clients, as River does, so the array cannot grow without bound.
+    attempted_by = array_append(
+        coalesce(river_job.attempted_by[greatest(cardinality(river_job.attempted_by) - 98, 1):],
+                 '{}'::text[]),
+        $3::text
+    )
+FROM locked_jobs
+WHERE river_job.id = locked_jobs.id
+RETURNING river_job.*;
+
+-- name: job_set_state_if_running_many
+-- Record many outcomes in one statement. Only rows still running change (a job recovered or
+-- cancelled meanwhile is left alone). A running job whose cancel was requested goes to cancelled
+-- instead of being retried or snoozed. Returns the rows that changed.
+-- $1 id[], $2 state[], $3 delay seconds[] (NULL = keep scheduled_at), $4 error JSON text[]
+-- (NULL = none), $5 snooze[] (attempt - 1, metadata.snoozes + 1), $6 restore[] (attempt - 1
+-- without counting a snooze: an interrupted run), $7 metadata patch JSON text[] (NULL = none).
+WITH params AS (
+    SELECT *
+    FROM unnest(
+        $1::bigint[], $2::river_job_state[], $3::float8[], $4::text[], $5::boolean[],
+        $6::boolean[], $7::text[]
+    ) AS p(id, state, delay, error, snooze, restore, metadata)
+),
+targets AS (
+    SELECT p.*,
+           CASE
+               WHEN j.metadata ? 'cancel_attempted_at'
+                    AND p.state IN ('available', 'retryable', 'scheduled')
+                   THEN 'cancelled'::river_job_state
+               ELSE p.state
+           END AS final_state
+    FROM params p
+    JOIN river_job j ON j.id = p.id
+    WHERE j.state = 'running'
+    FOR UPDATE OF j
+)
+UPDATE river_job j
+SET state = t.final_state,
+    attempt = CASE WHEN t.snooze OR t.restore THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+    scheduled_at = CASE
+        WHEN t.delay IS NULL THEN j.scheduled_at
+        ELSE now() + make_interval(secs => t.delay)
+    END,
+    finalized_at = CASE
+        WHEN t.final_state IN ('cancelled', 'completed', 'discarded') THEN now()
+    END,
+    errors = CASE
+        WHEN t.error IS NULL THEN j.errors
+        ELSE array_append(coalesce(j.errors, '{}'::jsonb[]), t.error::jsonb)
+    END,
+    metadata = j.metadata
+        || coalesce(t.metadata::jsonb, '{}'::jsonb)
+        || CASE
+               WHEN t.snooze THEN jsonb_build_object(
+                   'snoozes', coalesce((j.metadata ->> 'snoozes')::int, 0) + 1)
+               ELSE '{}'::jsonb
+           END
+FROM targets t
+WHERE j.id = t.id AND j.state = 'running'
+RETURNING j.id, j.state::text AS state, j.queue, j.scheduled_at;
+
+-- name: job_get_by_id
+-- One job by id. $1 id.
+SELECT * FROM river_job WHERE id = $1;
+
+-- name: job_get_by_id_many
+-- Jobs by id, in id order. $1 id[].
+SELECT * FROM river_job WHERE id = ANY($1::bigint[]) ORDER BY id;
+
+-- name: job_list
+-- Jobs filtered by optional state $1 and queue $2, newest first, at most $3.
+SELECT *
+FROM river_job
+WHERE ($1::river_job_state IS NULL OR state = $1)
+  AND ($2::text IS NULL OR queue = $2)
+ORDER BY id DESC
+LIMIT $3;
+
+-- name: job_count_by_state
+-- Job counts per queue and state, for status and metrics.
+SELECT queue, state::text AS state, count(*) AS n FROM river_job GROUP BY queue, state;
+
+-- name: job_cancel
+-- Cancel a job: a job not yet running is cancelled at once; a running job is marked with
+-- cancel_attempted_at so its outcome becomes cancelled, and the caller notifies its process.
+-- $1 id, $2 now. Returns the row after the change (NULL if no such job).
+WITH locked AS (
+    SELECT id, state FROM river_job WHERE id = $1 FOR UPDATE
+)
+UPDATE river_job j
+SET state = CASE
+        WHEN l.state IN ('available', 'pending', 'retryable', 'scheduled') THEN 'cancelled'
+        ELSE j.state
+    END,
+    finalized_at = CASE
+        WHEN l.state IN ('available', 'pending', 'retryable', 'scheduled') THEN $2::timestamptz
+        ELSE j.finalized_at
+    END,
+    metadata = CASE
+        WHEN l.state = 'running'
+            THEN j.metadata || jsonb_build_object('cancel_attempted_at', $2::timestamptz)
+        ELSE j.metadata
+    END
+FROM locked l
+WHERE j.id = l.id
+RETURNING j.*;
+
+-- name: job_schedule
+-- Leader's scheduler: make scheduled and retryable jobs due by $1 + 5 s (River's look-ahead)
+-- available, at most $2 at once. A job whose unique key is already held by a live job (or by an
+-- earlier job in this batch) is discarded with metadata unique_key_conflict, as River does.
+-- Returns the queue and new state of each changed job.
+WITH due AS (
+    SELECT id, unique_key, unique_states
+    FROM river_job
+    WHERE state IN ('retryable', 'scheduled')
+      AND scheduled_at <= coalesce($1::timestamptz, now()) + interval '5 seconds'
+    ORDER BY priority, scheduled_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+decided AS (
+    SELECT d.id,
+           d.unique_key IS NOT NULL
+           AND d.unique_states IS NOT NULL
+           AND river_job_state_in_bitmask(d.unique_states, 'available')
+           AND (
+               row_number() OVER (PARTITION BY d.unique_key ORDER BY d.id) > 1
+               OR EXISTS (
+                   SELECT 1 FROM river_job o
+                   WHERE o.unique_key = d.unique_key
+                     AND o.id <> d.id
+                     AND o.unique_states IS NOT NULL
+                     AND river_job_state_in_bitmask(o.unique_states, o.state)
+                     AND o.state NOT IN ('retryable', 'scheduled')
+               )
+           ) AS conflict
+    FROM due d
+)
+UPDATE river_job j
+SET state = CASE WHEN d.conflict THEN 'discarded'::river_job_state ELSE 'available' END,
+    finalized_at = CASE WHEN d.conflict THEN now() END,
+    metadata = CASE
+        WHEN d.conflict THEN j.metadata || '{"unique_key_conflict": "scheduler_discarded"}'
+        ELSE j.metadata
+    END
+FROM decided d
+WHERE j.id = d.id
+RETURNING j.queue, j.state::text AS state, j.scheduled_at;
+
+-- name: job_delete_before
+-- Cleaner: delete finalized jobs past their retention, oldest ids first, at most $4.
+-- $1 completed cutoff, $2 cancelled cutoff, $3 discarded cutoff (NULL = keep forever).
+DELETE FROM river_job
+WHERE id IN (
+    SELECT id
+    FROM river_job
+    WHERE (state = 'completed' AND finalized_at < $1::timestamptz)
+       OR (state = 'cancelled' AND finalized_at < $2::timestamptz)
+       OR (state = 'discarded' AND finalized_at < $3::timestamptz)
+    ORDER BY id
+    LIMIT $4
+);
+
+-- name: job_retry
+-- Make a finished or waiting job available again now, as a fresh run (operator's retry).
+-- $1 id. Running jobs are left alone.
+UPDATE river_job
+SET state = 'available',
+    scheduled_at = now(),
+    finalized_at = NULL,
+    max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END
+WHERE id = $1 AND state <> 'running'
+RETURNING *;
