@@ -1,0 +1,332 @@
+"""The queue client: insert, control, and the services that execute jobs.
+
+``open_queue`` starts the process-wide queue services as siblings (notifier, completer and,
+when the process executes jobs, the leader elector with its maintenance) and a nursery for
+generations. Leaving the block stops every generation (drain up to ``stop_timeout``, then
+cancel), and only then lets the completer make its last flush::
+
+    services nursery
+    ├── notifier           LISTEN, fan-out to producers and control
+    ├── completer          shielded; ends when every generation's channel clone is closed
+    ├── elector            leader only: scheduler, cleaner
+    └── generations nursery
+        ├── generation 1   fetch scope ⊂ work scope
+        └── generation 2
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+import zlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import trio
+
+from engine.config import QueueConfig
+from engine.db.bridge import Connection
+from engine.db.database import Database
+from engine.db.sqlfiles import QUERIES
+from engine.queue.completer import Completer, CompleterConfig
+from engine.queue.elector import Elector, ElectorConfig
+from engine.queue.generation import Generation, GenerationConfig
+from engine.queue.insert import InsertParams, NotifyLimiter, insert, insert_many, insert_tx, prepare
+from engine.queue.job import InsertOpts, InsertResult, Job
+from engine.queue.maintenance import CleanerConfig, JobCleaner, JobScheduler, SchedulerConfig
+from engine.queue.notifier import Channels, Notifier
+from engine.queue.slots import SlotPool
+from engine.queue.states import JobState
+from engine.queue.workers import Workers
+
+__all__ = ["QueueClient", "make_instance_id", "open_queue"]
+
+log = logging.getLogger(__name__)
+
+_GET = QUERIES["job_get_by_id"]
+_LIST = QUERIES["job_list"]
+_CANCEL = QUERIES["job_cancel"]
+_RETRY = QUERIES["job_retry"]
+_PAUSE = QUERIES["queue_pause"]
+_RESUME = QUERIES["queue_resume"]
+_COUNTS = QUERIES["job_count_by_state"]
+
+
+def make_instance_id() -> str:
+    """``host:pid:nanos`` as the reference; a long host is shortened with a hash so client ids
+    stay within River's 100 characters (§2 hazard)."""
+    host = socket.gethostname() or "localhost"
+    if len(host) > 32:
+        host = f"{host[:23]}-{zlib.crc32(host.encode()):08x}"
+    return f"{host}:{os.getpid()}:{time.time_ns()}"
+
+
+class QueueClient:
+    """Insert and control jobs; start generations that execute them (inside ``open_queue``)."""
+
+    def __init__(
+        self,
+        db: Database,
+        config: QueueConfig,
+        *,
+        workers: Workers | None,
+        instance_id: str,
+        channels: Channels,
+        notifier: Notifier,
+        completer: Completer,
+        slots: SlotPool,
+    ) -> None:
+        self.db = db
+        self.config = config
+        self.workers = workers
+        self.instance_id = instance_id
+        self.channels = channels
+        self.notifier = notifier
+        self.completer = completer
+        self.slots = slots
+        self.limiter = NotifyLimiter(channels.insert, config.fetch_cooldown)
+        self.cancel_scopes: dict[int, trio.CancelScope] = {}
+        self.generations: list[Generation] = []
+        self.elector: Elector | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # ---- inserting -------------------------------------------------------------------------
+
+    async def insert(self, args: Any, opts: InsertOpts | None = None) -> InsertResult:
+        """Insert one job; a live duplicate under ``opts.unique`` comes back ``skipped``."""
+        return await insert(self.db.queue, prepare(args, opts), self.limiter)
+
+    async def insert_tx(
+        self, conn: Connection, args: Any, opts: InsertOpts | None = None
+    ) -> InsertResult:
+        """Insert inside the caller's transaction on ``conn``: visible at commit, gone on
+        rollback."""
+        (result,) = await insert_tx(conn, [prepare(args, opts)], self.limiter)
+        return result
+
+    async def insert_many(
+        self, items: Sequence[Any | tuple[Any, InsertOpts | None]]
+    ) -> list[InsertResult]:
+        """Insert many jobs in one transaction; each item is args or ``(args, opts)``."""
+        params: list[InsertParams] = []
+        for item in items:
+            if isinstance(item, tuple):
+                params.append(prepare(item[0], item[1]))
+            else:
+                params.append(prepare(item))
+        return await insert_many(self.db.queue, params, self.limiter)
+
+    # ---- reading and control ---------------------------------------------------------------
+
+    async def get(self, job_id: int) -> Job | None:
+        """The job with ``job_id``, or None."""
+        row = await self.db.queue.fetchrow(_GET, job_id)
+        return None if row is None else Job.from_record(row)
+
+    async def list(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs newest first, optionally filtered."""
+        rows = await self.db.queue.fetch(_LIST, state.value if state else None, queue, limit)
+        return [Job.from_record(r) for r in rows]
+
+    async def counts(self) -> dict[str, dict[str, int]]:
+        """``{queue: {state: n}}`` for every queue with jobs."""
+        out: dict[str, dict[str, int]] = {}
+        for row in await self.db.queue.fetch(_COUNTS):
+            out.setdefault(row["queue"], {})[row["state"]] = int(row["n"])
+        return out
+
+    async def cancel(self, job_id: int, now: datetime | None = None) -> Job | None:
+        """Cancel a job: at once unless it is running; a running job's process is told to
+        cancel its handler, and the job ends ``cancelled``. Returns the job after the change."""
+        async with self.db.queue.acquire() as conn:
+            row = await conn.fetchrow(_CANCEL, job_id, now or datetime.now().astimezone())
+            if row is None:
+                return None
+            job = Job.from_record(row)
+            if job.state is JobState.RUNNING:
+                await conn.execute(
+                    "SELECT pg_notify($1, $2)",
+                    self.channels.control,
+                    json.dumps({"action": "cancel", "job_id": job_id, "queue": job.queue}),
+                )
+        return job
+
+    async def retry(self, job_id: int) -> Job | None:
+        """Run a job again now (not while it runs); returns it, or None if it cannot."""
+        row = await self.db.queue.fetchrow(_RETRY, job_id)
+        if row is None:
+            return None
+        job = Job.from_record(row)
+        await self.db.queue.execute(
+            "SELECT pg_notify($1, $2)", self.channels.insert, json.dumps({"queue": job.queue})
+        )
+        return job
+
+    async def pause(self, queue: str) -> None:
+        """Pause fetching from ``queue`` in every process (running jobs go on)."""
+        await self.db.queue.fetchrow(_PAUSE, queue, self.channels.control)
+
+    async def resume(self, queue: str) -> None:
+        """Resume ``queue`` everywhere; producers fetch at once."""
+        await self.db.queue.fetchrow(_RESUME, queue, self.channels.control)
+
+    def _on_control(self, message: Mapping[str, Any]) -> None:
+        if message.get("action") == "cancel":
+            scope = self.cancel_scopes.get(int(message.get("job_id", -1)))
+            if scope is not None:
+                scope.cancel(reason="job cancelled")
+
+    # ---- executing -------------------------------------------------------------------------
+
+    def client_id(self, capacity: int) -> str:
+        """``<instance>-exec-<capacity>-<nanos>`` as the reference names execution clients."""
+        return f"{self.instance_id}-exec-{capacity}-{time.time_ns()}"
+
+    async def start_generation(self, queues: Mapping[str, int]) -> Generation:
+        """Start a new generation fetching ``queues`` (name → max_workers); returns once it
+        is fetching. Stop it with ``stop()`` / ``stop_and_cancel()``."""
+        if self._nursery is None or self.workers is None:
+            raise RuntimeError("start_generation needs open_queue(..., workers=...)")
+        generation = Generation(
+            GenerationConfig(
+                client_id=self.client_id(sum(queues.values())),
+                queues=dict(queues),
+                cooldown=self.config.fetch_cooldown,
+                poll_interval=self.config.fetch_poll_interval,
+                claim_timeout=self.config.hot_operation_timeout,
+            ),
+            pool=self.db.queue,
+            workers=self.workers,
+            notifier=self.notifier,
+            completer=self.completer,
+            slots=self.slots,
+            cancel_scopes=self.cancel_scopes,
+        )
+        self.generations.append(generation)
+
+        async def run(*, task_status: trio.TaskStatus[None]) -> None:
+            try:
+                await generation.run(task_status=task_status)
+            finally:
+                self.generations.remove(generation)
+
+        await self._nursery.start(run)
+        return generation
+
+    async def stop_all(self, timeout: float) -> None:
+        """Drain every generation for up to ``timeout`` seconds, then cancel what still runs."""
+        for generation in list(self.generations):
+            generation.stop("queue client closing")
+        with trio.move_on_after(timeout):
+            for generation in list(self.generations):
+                await generation.stopped.wait()
+        for generation in list(self.generations):
+            generation.stop_and_cancel("queue client closing: drain timed out")
+        for generation in list(self.generations):
+            await generation.stopped.wait()
+
+    async def _lead(self) -> None:
+        cfg = self.config
+        scheduler = JobScheduler(
+            self.db.queue, self.channels.insert, SchedulerConfig(interval=cfg.scheduler_interval)
+        )
+        cleaner = JobCleaner(
+            self.db.queue,
+            CleanerConfig(
+                interval=cfg.cleaner_interval,
+                completed_retention=cfg.completed_retention,
+                cancelled_retention=cfg.cancelled_retention,
+                discarded_retention=cfg.discarded_retention,
+            ),
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(scheduler.run)
+            nursery.start_soon(cleaner.run)
+
+
+@asynccontextmanager
+async def open_queue(
+    db: Database,
+    config: QueueConfig,
+    *,
+    workers: Workers | None = None,
+    instance_id: str | None = None,
+    stop_timeout: float = 10.0,
+    slots: SlotPool | None = None,
+) -> AsyncIterator[QueueClient]:
+    """Open a queue client; with ``workers`` it can execute jobs and campaigns for leadership.
+
+    Leaving the block drains generations for up to ``stop_timeout`` seconds, cancels the rest
+    (each records its outcome), and flushes every completion before returning.
+    """
+    schema = await db.queue.fetchval("SELECT current_schema()")
+    channels = Channels.for_schema(schema)
+    notifier = Notifier(db.queue.dsn, channels)
+    completer = Completer(
+        db.queue,
+        CompleterConfig(
+            tick=config.completer_tick,
+            flush_size=config.completer_flush_size,
+            max_batch=config.completer_max_batch,
+            backpressure_high=config.completer_backpressure_high,
+            backpressure_low=config.completer_backpressure_low,
+            attempt_timeout=config.hot_operation_timeout,
+        ),
+        notify_channel=channels.insert,
+    )
+    client = QueueClient(
+        db,
+        config,
+        workers=workers,
+        instance_id=instance_id or make_instance_id(),
+        channels=channels,
+        notifier=notifier,
+        completer=completer,
+        slots=slots or SlotPool(math.inf),
+    )
+    completer_scope = trio.CancelScope(shield=True)
+
+    async def run_completer(*, task_status: trio.TaskStatus[None]) -> None:
+        # Shielded from the outside: it must outlive the generations and flush their last
+        # outcomes; it ends when the channel closes, or at the deadline set on the way out.
+        with completer_scope:
+            await completer.run(task_status=task_status)
+
+    async with trio.open_nursery() as services:
+        await services.start(run_completer)
+        try:
+            await services.start(notifier.run)
+            with notifier.subscribe_control(client._on_control):
+                if workers is not None:
+                    client.elector = Elector(
+                        db.queue,
+                        notifier,
+                        ElectorConfig(
+                            leader_id=f"{client.instance_id}-leader",
+                            interval=config.leader_elect_interval,
+                            ttl=config.leader_ttl,
+                        ),
+                        client._lead,
+                    )
+                    await services.start(client.elector.run)
+                async with trio.open_nursery() as generations:
+                    client._nursery = generations
+                    try:
+                        yield client
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            with trio.move_on_after(stop_timeout + 5.0):
+                                await client.stop_all(stop_timeout)
+                    client._nursery = None
+        finally:
+            await completer.close()
+            completer_scope.deadline = trio.current_time() + completer.config.final_flush_timeout
+            services.cancel_scope.cancel(reason="queue client closed")

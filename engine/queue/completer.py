@@ -1,0 +1,215 @@
+"""Batched completion: many outcomes, one UPDATE (§4.4).
+
+Executors hand over completions with ``send_nowait`` on an unbounded channel (never blocks,
+never cancelled). The completer gathers them for at most ``tick`` seconds or ``flush_size``
+items, then writes them with one ``job_set_state_if_running_many`` per ``max_batch`` rows,
+guarded by ``state = 'running'``. A failed write is retried with backoff, shielded, with a
+deadline per attempt, and never dropped: while the backlog stays at ``backpressure_high`` or more,
+producers wait in :meth:`Completer.wait_for_room` until it falls below ``backpressure_low``.
+
+Shutdown falls out of the structure: each generation holds a clone of the send channel and closes
+it when its jobs are done; when every clone and the original are closed the completer flushes the
+rest and returns, so no finished job is left ``running``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from engine.db.bridge import Pool
+from engine.db.sqlfiles import QUERIES
+from engine.errors import DatabaseError
+from engine.queue.executor import Completion
+from engine.queue.states import JobState
+
+__all__ = ["Completer", "CompleterConfig"]
+
+log = logging.getLogger(__name__)
+
+_SET_STATE = QUERIES["job_set_state_if_running_many"]
+
+
+@attrs.frozen
+class CompleterConfig:
+    """Batching knobs; defaults follow River's completer (§2)."""
+
+    tick: float = 0.05
+    flush_size: int = 100
+    max_batch: int = 5000
+    backpressure_high: int = 10_000
+    backpressure_low: int = 5000
+    attempt_timeout: float = 10.0
+    #: How long the final flush at shutdown keeps retrying a failing database.
+    final_flush_timeout: float = 30.0
+
+
+class Completer:
+    """The batch completer service; see the module docstring."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        config: CompleterConfig = CompleterConfig(),
+        *,
+        notify_channel: str | None = None,
+        on_flushed: Callable[[Sequence[Completion], float], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.config = config
+        self.notify_channel = notify_channel
+        self.on_flushed = on_flushed
+        self._send, self._receive = trio.open_memory_channel[Completion](math.inf)
+        self.backlog = 0
+        self.flushed = 0
+        self.flushes = 0
+        self._room = trio.Event()
+        self._room.set()
+
+    def sender(self) -> trio.MemorySendChannel[Completion]:
+        """A clone of the input channel; close it when you will send no more."""
+        return self._send.clone()
+
+    def record_with(self, sender: trio.MemorySendChannel[Completion]) -> Callable[[Completion], None]:
+        """A non-blocking ``record(completion)`` function over ``sender``."""
+
+        def record(completion: Completion) -> None:
+            self.backlog += 1
+            if self.backlog >= self.config.backpressure_high and self._room.is_set():
+                self._room = trio.Event()
+            sender.send_nowait(completion)
+
+        return record
+
+    async def wait_for_room(self) -> None:
+        """Wait while the backlog is at the high-water mark (producers call this)."""
+        await self._room.wait()
+
+    async def close(self) -> None:
+        """Close the original send channel; the completer ends after the last clone closes."""
+        await self._send.aclose()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Flush until every send channel is closed, then flush the rest and return.
+
+        Never fails on a database error (it retries); a bug escapes and ends the service.
+        """
+        task_status.started()
+        pending: list[Completion] = []
+        try:
+            while True:
+                try:
+                    pending.append(await self._receive.receive())
+                except trio.EndOfChannel:
+                    break
+                with trio.move_on_after(self.config.tick):
+                    while len(pending) < self.config.flush_size:
+                        try:
+                            pending.append(await self._receive.receive())
+                        except trio.EndOfChannel:
+                            break
+                self._drain_ready(pending)
+                await self._flush(pending, final=False)
+                pending = []
+        except BaseException:
+            # Cancelled from outside (the service is going down hard): still write what we
+            # hold, shielded and bounded, then let the cancellation go on.
+            self._drain_ready(pending)
+            with trio.CancelScope(shield=True):
+                await self._flush(pending, final=True)
+            raise
+        finally:
+            self._receive.close()
+        await self._flush(pending, final=True)
+
+    def _drain_ready(self, pending: list[Completion]) -> None:
+        """Take what is already queued without waiting, so one statement covers all of it."""
+        while len(pending) < self.config.max_batch:
+            try:
+                pending.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+
+    async def _flush(self, batch: list[Completion], *, final: bool) -> None:
+        """Write ``batch``, removing each chunk from it once written (so a retry after a
+        cancellation never writes a chunk twice)."""
+        if not batch:
+            return
+        started = trio.current_time()
+        deadline = started + self.config.final_flush_timeout if final else math.inf
+        done: list[Completion] = []
+        while batch:
+            chunk = batch[: self.config.max_batch]
+            await self._write_with_retry(chunk, deadline)
+            del batch[: len(chunk)]
+            done.extend(chunk)
+            self.backlog -= len(chunk)
+            self.flushed += len(chunk)
+            self.flushes += 1
+        if self.backlog < self.config.backpressure_low:
+            self._room.set()
+        if self.on_flushed is not None:
+            self.on_flushed(done, trio.current_time() - started)
+
+    async def _write_with_retry(self, chunk: list[Completion], deadline: float) -> None:
+        backoff = 0.05
+        attempt = 0
+        while True:
+            attempt += 1
+            # Shielded: these rows record what already happened; a cancellation must not leave
+            # them running. Each attempt has its own deadline so a dead server cannot hang us.
+            with trio.move_on_after(self.config.attempt_timeout, shield=True):
+                try:
+                    await self._write(chunk)
+                    return
+                except DatabaseError as exc:
+                    log.warning(
+                        "completion batch failed, retrying",
+                        extra={
+                            "event": "completion_retry",
+                            "attempt": attempt,
+                            "jobs": len(chunk),
+                            "error": str(exc),
+                        },
+                    )
+            if trio.current_time() + backoff > deadline:
+                log.error(
+                    "giving up on completions at shutdown; orphan recovery will requeue them",
+                    extra={"event": "completion_lost", "jobs": [c.job_id for c in chunk]},
+                )
+                return
+            # Outside a final flush this sleep is cancellable: run() then does the final flush.
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _write(self, chunk: list[Completion]) -> None:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                _SET_STATE,
+                [c.job_id for c in chunk],
+                [c.state.value for c in chunk],
+                [c.delay for c in chunk],
+                [None if c.error is None else json.dumps(c.error) for c in chunk],
+                [c.snooze for c in chunk],
+                [c.restore for c in chunk],
+                [None if c.metadata is None else json.dumps(c.metadata) for c in chunk],
+            )
+            # Jobs made available now (hard-stop requeue, snooze 0, quick retry) should be
+            # picked up at once by any process, not at the next poll.
+            if self.notify_channel is not None:
+                queues = {
+                    r["queue"]
+                    for r in rows
+                    if r["state"] == JobState.AVAILABLE.value
+                }
+                for queue in queues:
+                    await conn.execute(
+                        "SELECT pg_notify($1, $2)",
+                        self.notify_channel,
+                        json.dumps({"queue": queue}, separators=(",", ":")),
+                    )

@@ -1,0 +1,173 @@
+"""A generation: one execution client, its producers and its running jobs, as one scope.
+
+River's ``fetchCtx``/``workCtx`` pair becomes two nested trio scopes (§4.9, §10.1)::
+
+    work nursery (running jobs)          <- stop_and_cancel() cancels this
+    └── fetch nursery (one producer per queue)   <- stop() cancels this
+
+``stop()`` stops fetching and lets running jobs finish (a drain); ``stop_and_cancel()`` also
+cancels them, and each records its outcome (requeued at once, attempt restored) before
+:meth:`Generation.run` returns. The generation's clone of the completer channel closes when its
+last job is done, which is how the completer knows when to make its final flush.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+
+import attrs
+import trio
+
+from engine.db.bridge import Pool
+from engine.queue.completer import Completer
+from engine.queue.executor import execute
+from engine.queue.job import Job
+from engine.queue.notifier import Notifier
+from engine.queue.producer import Producer, ProducerConfig
+from engine.queue.slots import SlotPool
+from engine.queue.workers import Workers
+
+__all__ = ["Generation", "GenerationConfig"]
+
+log = logging.getLogger(__name__)
+
+_numbers = itertools.count(1)
+
+
+@attrs.frozen
+class GenerationConfig:
+    """What one generation runs: ``queues`` maps queue name to ``max_workers``."""
+
+    client_id: str
+    queues: Mapping[str, int]
+    cooldown: float = 0.005
+    poll_interval: float = 1.0
+    claim_timeout: float = 10.0
+
+
+class Generation:
+    """One execution client; run it with ``await nursery.start(generation.run)``."""
+
+    def __init__(
+        self,
+        config: GenerationConfig,
+        *,
+        pool: Pool,
+        workers: Workers,
+        notifier: Notifier,
+        completer: Completer,
+        slots: SlotPool,
+        cancel_scopes: dict[int, trio.CancelScope],
+    ) -> None:
+        for queue, max_workers in config.queues.items():
+            if not 1 <= max_workers <= 10_000:
+                raise ValueError(f"max_workers for queue {queue!r} must be 1..10000")
+        self.number = next(_numbers)
+        self.config = config
+        self.pool = pool
+        self.workers = workers
+        self.notifier = notifier
+        self.completer = completer
+        self.slots = slots
+        self.cancel_scopes = cancel_scopes
+        self.producers: list[Producer] = []
+        self._fetch_scope: trio.CancelScope | None = None
+        self._work_scope: trio.CancelScope | None = None
+        self._pending_stop: tuple[bool, str] | None = None
+        self.stopped = trio.Event()
+
+    @property
+    def running(self) -> int:
+        """Jobs of this generation running now."""
+        return sum(p.running for p in self.producers)
+
+    def stop(self, reason: str = "stop") -> None:
+        """Stop fetching; running jobs finish normally. Idempotent."""
+        if self._fetch_scope is None:
+            self._pending_stop = (False, reason)
+            return
+        self._fetch_scope.cancel(reason=reason)
+
+    def stop_and_cancel(self, reason: str = "stop and cancel") -> None:
+        """Stop fetching and cancel running jobs; each still records its outcome."""
+        if self._work_scope is None:
+            self._pending_stop = (True, reason)
+            return
+        self._fetch_scope.cancel(reason=reason) if self._fetch_scope else None
+        self._work_scope.cancel(reason=reason)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until stopped; ``started()`` once every producer is fetching.
+
+        Returns when fetching has stopped and every job of this generation has recorded its
+        outcome with the completer.
+        """
+        sender = self.completer.sender()
+        record = self.completer.record_with(sender)
+        try:
+            async with trio.open_nursery() as work:
+                self._work_scope = work.cancel_scope
+
+                async def work_job(job: Job, producer: Producer) -> None:
+                    try:
+                        await execute(job, self.workers, record, self.cancel_scopes)
+                    finally:
+                        producer.job_finished()
+
+                async with trio.open_nursery() as fetch:
+                    self._fetch_scope = fetch.cancel_scope
+                    for queue, max_workers in self.config.queues.items():
+                        await fetch.start(self._run_producer, queue, max_workers, work, work_job)
+                    log.info(
+                        "generation started",
+                        extra={"event": "generation_started", "generation": self.number,
+                               "client_id": self.config.client_id,
+                               "queues": dict(self.config.queues)},
+                    )
+                    task_status.started()
+                    if self._pending_stop is not None:
+                        hard, reason = self._pending_stop
+                        (self.stop_and_cancel if hard else self.stop)(reason)
+        finally:
+            with trio.CancelScope(shield=True):
+                await sender.aclose()
+            self.stopped.set()
+            log.info(
+                "generation stopped",
+                extra={"event": "generation_stopped", "generation": self.number},
+            )
+
+    async def _run_producer(
+        self,
+        queue: str,
+        max_workers: int,
+        work: trio.Nursery,
+        work_job: object,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with self.notifier.subscribe_queue(queue) as wakeup:
+            producer: Producer
+
+            async def start_job(job: Job) -> None:
+                work.start_soon(work_job, job, producer)  # type: ignore[arg-type]
+
+            producer = Producer(
+                ProducerConfig(
+                    queue=queue,
+                    max_workers=max_workers,
+                    client_id=self.config.client_id,
+                    cooldown=self.config.cooldown,
+                    poll_interval=self.config.poll_interval,
+                    claim_timeout=self.config.claim_timeout,
+                ),
+                self.pool,
+                wakeup,
+                self.slots,
+                start_job,
+                self.completer.wait_for_room,
+            )
+            self.producers.append(producer)
+            await producer.run(task_status=task_status)

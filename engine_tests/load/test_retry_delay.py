@@ -1,0 +1,45 @@
+"""The worker-load snooze delay hash (§5.9)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.load.retry_delay import worker_load_retry_delay
+
+
+@pytest.mark.parametrize(
+    ("task_id", "seconds"),
+    [
+        ("", 0.250),
+        ("a", 0.347),
+        ("task-1", 0.598),
+        ("00000000-0000-0000-0000-000000000000", 0.256),
+        ("3f2b8c1e-9d4a-4e6b-8a7c-1d2e3f4a5b6c", 0.475),
+    ],
+)
+def test_reference_vectors(task_id: str, seconds: float) -> None:
+    assert worker_load_retry_delay(task_id) == seconds
+
+
+def test_hashes_utf8_bytes_not_code_points() -> None:
+    # "é" is two bytes (0xc3 0xa9): h = 195*33 + 169 = 6604; 6604 % 501 = 91. (By code point,
+    # 233, it would be 0.483.)
+    assert worker_load_retry_delay("é") == 0.341
+
+
+def test_uint32_wraparound() -> None:
+    # Long enough that h*33 overflows 32 bits many times; recompute with explicit masking.
+    task_id = "x" * 100
+    h = 0
+    for byte in task_id.encode():
+        h = (h * 33 + byte) & 0xFFFFFFFF
+    assert worker_load_retry_delay(task_id) == (250 + h % 501) / 1000
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8")))
+def test_range_and_determinism(task_id: str) -> None:
+    delay = worker_load_retry_delay(task_id)
+    assert 0.250 <= delay <= 0.750
+    assert delay == worker_load_retry_delay(task_id)
