@@ -1,0 +1,435 @@
+"""``python -m engine``: run the engine, apply migrations, manage the embedded PostgreSQL server.
+
+Usage: ``python -m engine [global options] [COMMAND]``; ``run`` is the default command. Global
+options come before the command:
+
+``--config FILE``, ``--database-url URL``, ``--data-dir DIR``, ``--set SECTION.FIELD=VALUE``
+(repeatable), ``--version``, ``--help``.
+
+Configuration is read by :func:`engine.config.load_config` (defaults < TOML file <
+``ENGINE_*`` environment < command line); ``--database-url`` and ``--data-dir`` are shorthands
+for ``--set database.url=...`` and ``--set data_dir=...`` and win over ``--set``.
+
+Commands:
+
+``run``
+    Resolve the database (``database.url``, or the embedded server in ``data_dir``), then run
+    :func:`engine.service.main.run_service`, which migrates unless ``database.migrate_on_start``
+    is false. Prints ``engine: running ...`` with the (redacted) database URL once ready. The
+    first SIGINT or SIGTERM shuts down gracefully (exit 0); a second one exits at once (130).
+``migrate``
+    Apply pending migrations to every configured database and print, per database, the
+    versions applied, skipped (River's own schema already there) and already applied.
+``db start``
+    Start the embedded server and pin it, so it stays up after this process exits (until
+    ``db stop``); create the ``engine`` database; print its URL on stdout.
+``db stop``
+    Unpin the embedded server and stop it unless a process (``engine run``) still uses it.
+``db status [--json]``
+    Describe the embedded server; ``--json`` prints one JSON object for scripts.
+``db url``
+    Print a URL of the ``engine`` database that psql accepts (creating the database if
+    missing). The embedded server must be running (``db start``).
+
+The ``db`` commands manage the embedded server only. With ``database.url`` set, ``db url``
+prints that URL unchanged (password included: it is for your own tools) and exits 0, while
+``db start``, ``db stop`` and ``db status`` explain that an external server is configured and
+exit 2, the status of a configuration that contradicts the command.
+
+Exit status: 0 success (including a graceful shutdown of ``run``); 1 an engine error (printed as
+``engine: error: ...``) or an unexpected one (printed with its traceback); 2 invalid
+configuration or usage; 3 ``db status`` found the server not running (as ``pg_ctl status``);
+130 interrupted (Ctrl-C, or a second signal during shutdown).
+
+Errors escaping trio nurseries and trio-asyncio arrive wrapped in exception groups
+(``ExceptionGroup[ExceptionGroup[X]]``, ``dependencies.md`` §3(e)); :func:`main` flattens them and
+reports the engine errors inside as one message each, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Final
+
+import trio
+
+from engine._version import __version__
+from engine.config import EngineConfig, config_problems_exit_code, load_config
+from engine.db import embedded
+from engine.db.bridge import asyncio_loop
+from engine.db.database import open_database
+from engine.db.dsn import redact, replace_database
+from engine.db.migrate import MigrationReport
+from engine.db.resolve import (
+    ENGINE_DATABASE,
+    embedded_data_dir,
+    ensure_database_blocking,
+    migrate_databases,
+    open_urls,
+)
+from engine.errors import ConfigError, EngineError
+from engine.logs import configure_logging
+from engine.service.main import run_service
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_RUNNING",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+]
+
+log = logging.getLogger("engine.cli")
+
+EXIT_OK: Final = 0
+#: An engine error or an unexpected exception.
+EXIT_ERROR: Final = 1
+#: Invalid configuration or command line (as argparse).
+EXIT_USAGE: Final = config_problems_exit_code
+#: ``db status``: the embedded server is not running (as ``pg_ctl status``).
+EXIT_NOT_RUNNING: Final = 3
+#: Interrupted by Ctrl-C, or a second SIGINT/SIGTERM during a graceful shutdown.
+EXIT_INTERRUPTED: Final = 130
+
+_EPILOG: Final = f"""\
+commands:
+  run                 run the engine (the default): migrate, then work until SIGINT/SIGTERM
+  migrate             apply pending database migrations and report them
+  db start            start the embedded PostgreSQL server and keep it up; print its URL
+  db stop             stop the embedded server (unless `engine run` still uses it)
+  db status [--json]  describe the embedded server
+  db url              print a psql-ready URL of the engine database
+
+exit status:
+  {EXIT_OK}    success, including a graceful shutdown of `run`
+  {EXIT_ERROR}    an error (`engine: error: ...`)
+  {EXIT_USAGE}    invalid configuration or command line
+  {EXIT_NOT_RUNNING}    `db status`: the embedded server is not running
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, or a second signal during shutdown)
+
+Settings come from defaults, the TOML file (--config or ENGINE_CONFIG), ENGINE_<SECTION>_<FIELD>
+environment variables and --set, each overriding the one before.
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected SECTION.FIELD=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
+    """The argument parser of ``python -m engine`` (global options, then a command)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="A durable task engine for trio applications, on PostgreSQL.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="TOML configuration file (default: $ENGINE_CONFIG)",
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="PostgreSQL URL to use instead of the embedded server (database.url)",
+    )
+    parser.add_argument(
+        "--data-dir", metavar="DIR", help="directory of the embedded server (data_dir)"
+    )
+    parser.add_argument(
+        "--set",
+        metavar="SECTION.FIELD=VALUE",
+        dest="settings",
+        action="append",
+        type=_setting,
+        default=[],
+        help="set one setting, e.g. --set queue.fetch_cooldown=0.01 (repeatable)",
+    )
+    parser.add_argument("--version", action="version", version=f"engine {__version__}")
+
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("run", help="run the engine (the default command)")
+    commands.add_parser("migrate", help="apply pending database migrations")
+    db = commands.add_parser("db", help="manage the embedded PostgreSQL server")
+    db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
+    db_commands.add_parser("start", help="start the embedded server and keep it running")
+    db_commands.add_parser("stop", help="stop the embedded server")
+    status = db_commands.add_parser("status", help="describe the embedded server")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    db_commands.add_parser("url", help="print a psql-ready URL of the engine database")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> EngineConfig:
+    overrides: dict[str, object] = dict(args.settings)
+    if args.database_url is not None:
+        overrides["database.url"] = args.database_url
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir
+    return load_config(toml_path=args.config, overrides=overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+
+
+async def _watch_signals(
+    signals: AsyncIterator[int], work: trio.CancelScope, received: list[str]
+) -> None:
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if received:
+            print(f"engine: {name} again: exiting at once", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+        received.append(name)
+        log.info(
+            "shutting down; send the signal again to exit at once",
+            extra={"event": "shutdown_requested", "signal": name},
+        )
+        work.cancel(reason=f"{name} received")
+
+
+async def _until_signal(body: Callable[[], Awaitable[None]]) -> str | None:
+    """Run ``body`` until it returns or SIGINT/SIGTERM arrives; return that signal's name.
+
+    The first signal cancels ``body`` (a graceful shutdown: its cleanup runs). The watcher sits
+    outside the cancelled scope, so a second signal during that cleanup ends the process at
+    once with :data:`EXIT_INTERRUPTED`.
+    """
+    received: list[str] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            work = trio.CancelScope()
+            nursery.start_soon(_watch_signals, signals, work, received)
+            with work:
+                await body()
+            nursery.cancel_scope.cancel(reason="command finished")
+    return received[0] if received else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def _cmd_run(config: EngineConfig) -> int:
+    async def serve() -> None:
+        async with asyncio_loop(), open_urls(config) as urls:
+            log.info(
+                "database resolved",
+                extra={
+                    "event": "database_resolved",
+                    "url": redact(urls.tasks),
+                    "embedded": not config.database.url,
+                },
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_service, config, urls)
+                print(
+                    f"engine: running; database {redact(urls.tasks)} (Ctrl-C to stop)",
+                    flush=True,
+                )
+
+    signame = trio.run(_until_signal, serve)
+    if signame is not None:
+        log.info("stopped", extra={"event": "shutdown_complete", "signal": signame})
+    return EXIT_OK
+
+
+def _format_versions(versions: Sequence[int]) -> str:
+    return ", ".join(f"{v:04d}" for v in versions) if versions else "none"
+
+
+def _cmd_migrate(config: EngineConfig) -> int:
+    reports: list[tuple[str, MigrationReport]] = []
+
+    async def run_migrations() -> None:
+        db_config = config.database
+        async with (
+            asyncio_loop(),
+            open_urls(config) as urls,
+            open_database(
+                urls,
+                min_size=1,
+                max_size=1,
+                statement_cache_size=db_config.statement_cache_size,
+                lock_timeout=db_config.lock_timeout,
+                command_timeout=db_config.command_timeout,
+                attempts=db_config.connect_attempts,
+                retry_delay=db_config.connect_retry_delay,
+                application_name="engine-migrate",
+            ) as db,
+        ):
+            reports.extend(await migrate_databases(db))
+
+    if trio.run(_until_signal, run_migrations) is not None:
+        print("engine: migration interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for url, report in reports:
+        print(f"database: {url}")
+        print(f"  applied: {_format_versions(report.applied)}")
+        print(f"  skipped: {_format_versions(report.skipped)}")
+        print(f"  already applied: {_format_versions(report.already)}")
+    return EXIT_OK
+
+
+def _external_server_error(config: EngineConfig, command: str) -> int:
+    assert config.database.url is not None
+    print(
+        f"engine: error: `db {command}` manages the embedded PostgreSQL server, but "
+        f"database.url is set ({redact(config.database.url)}), so the engine uses that "
+        "external server. Unset database.url (ENGINE_DATABASE_URL, --database-url) to use the "
+        "embedded server.",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
+
+
+def _cmd_db_start(config: EngineConfig) -> int:
+    data_dir = embedded_data_dir(config)
+    server = embedded.acquire(data_dir, pin=True)
+    ensure_database_blocking(server.dsn("postgres"), ENGINE_DATABASE)
+    print(
+        f"engine: the embedded PostgreSQL server in {server.data_dir} is running on port "
+        f"{server.port}; it stays up until `db stop`.",
+        file=sys.stderr,
+    )
+    print(server.dsn(ENGINE_DATABASE))
+    return EXIT_OK
+
+
+def _cmd_db_stop(config: EngineConfig) -> int:
+    print(embedded.stop(embedded_data_dir(config)))
+    return EXIT_OK
+
+
+def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
+    st = embedded.status(embedded_data_dir(config))
+    url = (
+        embedded.EmbeddedServer(st.data_dir, st.port).dsn(ENGINE_DATABASE)
+        if st.running and st.port is not None
+        else None
+    )
+    if as_json:
+        data = {
+            "data_dir": str(st.data_dir),
+            "running": st.running,
+            "port": st.port,
+            "pid": st.pid,
+            "pinned": st.pinned,
+            "holders": st.holders,
+            "url": url,
+        }
+        print(json.dumps(data))
+    else:
+        if st.running:
+            print(f"embedded PostgreSQL server: running (pid {st.pid}, port {st.port})")
+        else:
+            print("embedded PostgreSQL server: not running")
+        print(f"data directory: {st.data_dir}")
+        if st.running:
+            print(f"url: {url}")
+            print("pinned: " + ("yes, until `db stop`" if st.pinned else "no"))
+            users = ", ".join(str(p) for p in st.holders) or "none"
+            print(f"used by processes: {users}")
+    return EXIT_OK if st.running else EXIT_NOT_RUNNING
+
+
+def _cmd_db_url(config: EngineConfig) -> int:
+    if config.database.url:
+        print(config.database.url)
+        return EXIT_OK
+    admin = embedded.url(embedded_data_dir(config))  # raises if not running
+    ensure_database_blocking(admin, ENGINE_DATABASE)
+    print(replace_database(admin, ENGINE_DATABASE))
+    return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
+    command = args.command or "run"
+    if command == "run":
+        return _cmd_run(config)
+    if command == "migrate":
+        return _cmd_migrate(config)
+    assert command == "db"
+    sub: str = args.db_command
+    if sub == "url":
+        return _cmd_db_url(config)
+    if config.database.url:
+        return _external_server_error(config, sub)
+    if sub == "start":
+        return _cmd_db_start(config)
+    if sub == "stop":
+        return _cmd_db_stop(config)
+    assert sub == "status"
+    return _cmd_db_status(config, as_json=args.json)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside ``exc``, with every (nested) exception group flattened."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _report_failure(exc: BaseException) -> int:
+    """Print ``exc`` for the user and return the exit status."""
+    leaves = list(_leaves(exc))
+    # Cancelled only travels next to the error that caused the cancellation.
+    leaves = [e for e in leaves if not isinstance(e, trio.Cancelled)] or leaves
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+        return EXIT_INTERRUPTED
+    for leaf in leaves:
+        if isinstance(leaf, SystemExit):
+            return leaf.code if isinstance(leaf.code, int) else EXIT_ERROR
+    if all(isinstance(e, EngineError) for e in leaves):
+        messages = list(dict.fromkeys(str(e) for e in leaves))
+        for message in messages:
+            print(f"engine: error: {message}", file=sys.stderr)
+        return EXIT_USAGE if all(isinstance(e, ConfigError) for e in leaves) else EXIT_ERROR
+    print("engine: unexpected error:", file=sys.stderr)
+    traceback.print_exception(exc)
+    return EXIT_ERROR
+
+
+def _prog(argv0: str) -> str:
+    name = os.path.basename(argv0)
+    return "python -m engine" if name in ("__main__.py", "-c", "") else name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    parser = build_parser(_prog(sys.argv[0] if sys.argv else ""))
+    args = parser.parse_args(argv)  # exits 2 on a usage error, 0 for --help / --version
+    try:
+        config = _load(args)
+        configure_logging(config.logging.format, config.logging.level)
+        return _dispatch(args, config)
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        return _report_failure(exc)

@@ -1,0 +1,1 @@
+"""Acceptance tests: the real ``python -m engine`` in subprocesses."""
