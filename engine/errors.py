@@ -5,7 +5,7 @@ the class docstring, so ``raise LeaseUnavailable()`` still says something useful
 
     EngineError
     ├── ConfigError                 invalid configuration; lists every bad field
-    ├── EmbeddedPostgresError       the private PostgreSQL server could not be found, started or stopped
+    ├── EmbeddedPostgresError       the private server could not be found, started or stopped
     ├── DatabaseError               a database call failed (asyncpg error kept as __cause__)
     │   ├── ConnectionLost          the server went away or could not be reached
     │   ├── LockTimeout             SQLSTATE 55P03, lock_timeout exceeded

@@ -23,8 +23,8 @@ import trio
 from engine.db import embedded
 from engine.db.bridge import Connection, asyncio_loop, connect
 from engine.db.database import Database, DatabaseUrls, open_database
-from engine.db.migrate import migrate
 from engine.db.dsn import replace_database
+from engine.db.migrate import migrate
 
 
 def _make_data_dir() -> Path:
@@ -125,4 +125,3 @@ async def conn(db_url: str) -> AsyncIterator[Connection]:
         yield c
     finally:
         await c.close()
-

@@ -17,9 +17,9 @@ Two traps from ``dependencies.md`` §3(e) shape this module:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import asyncpg
 import trio
@@ -48,7 +48,26 @@ __all__ = [
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Record = asyncpg.Record
+
+class Record(Protocol):
+    """A result row (``asyncpg.Record``): index by column name or position."""
+
+    def __getitem__(self, key: str | int, /) -> Any: ...
+
+    def get(self, key: str, default: Any = None, /) -> Any:
+        """The column's value, or ``default`` when the row has no such column."""
+
+    def keys(self) -> Iterable[str]:
+        """Column names."""
+
+    def values(self) -> Iterable[Any]:
+        """Column values."""
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        """(name, value) pairs."""
+
+    def __len__(self) -> int: ...
+
 
 #: Bound on shielded bookkeeping (release, rollback, commit). Long enough for a loaded server,
 #: short enough that shutdown never hangs on a dead one.
@@ -111,6 +130,14 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
             decoder=json.loads,
             schema="pg_catalog",
         )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    # asyncpg's default reset sends "UNLISTEN *; RESET ALL; ..." on every release: a round trip
+    # per pooled query. engine leaves no session state on pooled connections (LISTEN and
+    # advisory session locks use dedicated connections), and asyncpg still rolls back an
+    # open transaction before calling this, so there is nothing to reset.
+    return None
 
 
 class Connection:
@@ -289,6 +316,7 @@ async def create_pool(
         command_timeout=command_timeout,
         server_settings=_server_settings(application_name, lock_timeout),
         init=_init_connection,
+        reset=_keep_session,
     )
     return Pool(raw, dsn)
 

@@ -5,12 +5,13 @@ statement for any number of jobs, unique inserts keep River's keys and partial i
 claim many jobs per statement, and a batch completer records many outcomes per statement.
 States (§4.11)::
 
-    insert ─► available ─(claim: attempt+1)─► running ─┬─ return ──────► completed
-       │          ▲                                     ├─ JobSnooze(d) ─► available/scheduled (attempt−1)
-       ├─► scheduled ─(scheduler)─┘                     ├─ error ───────► available/retryable (+error)
-       └─► pending                                      ├─ error, no attempts left ─► discarded
+    insert ─► available ─(claim: attempt+1)─► running ─┬─ return ───► completed
+       │          ▲                                     ├─ JobSnooze(d) ─► available/scheduled
+       ├─► scheduled ─(scheduler)─┘                     │                  (attempt−1)
+       └─► pending                                      ├─ error ─► available/retryable (+error)
+                                                        ├─ error, no attempts left ─► discarded
                                                         ├─ JobCancel / cancel() ─► cancelled
-                                                        └─ hard stop ──► available (attempt restored)
+                                                        └─ hard stop ─► available (attempt kept)
 
 Invariants: a job row leaves ``running`` only through a guarded write (``state = 'running'``);
 a claimed job is always either worked or left running for orphan recovery, never dropped.

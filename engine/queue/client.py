@@ -98,16 +98,27 @@ class QueueClient:
 
     # ---- inserting -------------------------------------------------------------------------
 
-    async def insert(self, args: Any, opts: InsertOpts | None = None) -> InsertResult:
-        """Insert one job; a live duplicate under ``opts.unique`` comes back ``skipped``."""
-        return await insert(self.db.queue, prepare(args, opts), self.limiter)
+    async def insert(
+        self, args: Any, opts: InsertOpts | None = None, *, kind: str | None = None
+    ) -> InsertResult:
+        """Insert one job; a live duplicate under ``opts.unique`` comes back ``skipped``.
+
+        ``args`` is an attrs instance whose class names its ``kind``, or a mapping with
+        ``kind=`` given.
+        """
+        return await insert(self.db.queue, prepare(args, opts, kind=kind), self.limiter)
 
     async def insert_tx(
-        self, conn: Connection, args: Any, opts: InsertOpts | None = None
+        self,
+        conn: Connection,
+        args: Any,
+        opts: InsertOpts | None = None,
+        *,
+        kind: str | None = None,
     ) -> InsertResult:
         """Insert inside the caller's transaction on ``conn``: visible at commit, gone on
         rollback."""
-        (result,) = await insert_tx(conn, [prepare(args, opts)], self.limiter)
+        (result,) = await insert_tx(conn, [prepare(args, opts, kind=kind)], self.limiter)
         return result
 
     async def insert_many(

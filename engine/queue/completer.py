@@ -22,17 +22,21 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from engine.db.bridge import Pool
+from engine.db.bridge import Connection, Pool, Record
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.queue.executor import Completion
 from engine.queue.states import JobState
 
-__all__ = ["Completer", "CompleterConfig"]
+__all__ = ["Completer", "CompleterConfig", "write_completions"]
+
+#: Wakes the completer for plain completions, which wait in a side list (Completer._plain).
+_PLAIN_MARK = Completion(0, "", JobState.COMPLETED)
 
 log = logging.getLogger(__name__)
 
 _SET_STATE = QUERIES["job_set_state_if_running_many"]
+_SET_COMPLETED = QUERIES["job_set_completed_if_running_many"]
 
 
 @attrs.frozen
@@ -70,21 +74,57 @@ class Completer:
         self.flushes = 0
         self._room = trio.Event()
         self._room.set()
+        self._full = trio.Event()
+        self._plain: list[int] = []
 
     def sender(self) -> trio.MemorySendChannel[Completion]:
         """A clone of the input channel; close it when you will send no more."""
         return self._send.clone()
 
-    def record_with(self, sender: trio.MemorySendChannel[Completion]) -> Callable[[Completion], None]:
+    def record_with(
+        self, sender: trio.MemorySendChannel[Completion]
+    ) -> Callable[[Completion], None]:
         """A non-blocking ``record(completion)`` function over ``sender``."""
 
         def record(completion: Completion) -> None:
             self.backlog += 1
             if self.backlog >= self.config.backpressure_high and self._room.is_set():
                 self._room = trio.Event()
-            sender.send_nowait(completion)
+            if completion.state is JobState.COMPLETED and completion.plain:
+                # A side list, so a producer's next claim can carry it (take_plain); the
+                # channel still gets a marker so the completer wakes and flushes on its tick.
+                self._plain.append(completion.job_id)
+                if len(self._plain) == 1:
+                    sender.send_nowait(_PLAIN_MARK)
+            else:
+                sender.send_nowait(completion)
+            if self.backlog >= self.config.flush_size:
+                self._full.set()
 
         return record
+
+    def take_plain(self, limit: int) -> list[int]:
+        """Hand up to ``limit`` plain completions to a producer that writes them with its
+        claim; it must call :meth:`plain_written` or :meth:`return_plain` afterwards."""
+        taken = self._plain[:limit]
+        del self._plain[:limit]
+        return taken
+
+    def plain_written(self, ids: list[int]) -> None:
+        """A producer wrote ``ids`` (see :meth:`take_plain`)."""
+        self._written(len(ids))
+        if self.on_flushed is not None:
+            self.on_flushed([], 0.0)
+
+    def return_plain(self, ids: list[int]) -> None:
+        """A producer could not write ``ids``; the completer writes them instead."""
+        self._plain[:0] = ids
+
+    def _written(self, n: int) -> None:
+        self.backlog -= n
+        self.flushed += n
+        if self.backlog < self.config.backpressure_low:
+            self._room.set()
 
     async def wait_for_room(self) -> None:
         """Wait while the backlog is at the high-water mark (producers call this)."""
@@ -107,12 +147,12 @@ class Completer:
                     pending.append(await self._receive.receive())
                 except trio.EndOfChannel:
                     break
-                with trio.move_on_after(self.config.tick):
-                    while len(pending) < self.config.flush_size:
-                        try:
-                            pending.append(await self._receive.receive())
-                        except trio.EndOfChannel:
-                            break
+                # Two wake-ups per batch, not one per completion: sleep out the tick unless
+                # the backlog reaches flush_size first (record() sets _full then).
+                if self.backlog < self.config.flush_size:
+                    self._full = trio.Event()
+                    with trio.move_on_after(self.config.tick):
+                        await self._full.wait()
                 self._drain_ready(pending)
                 await self._flush(pending, final=False)
                 pending = []
@@ -136,8 +176,12 @@ class Completer:
                 break
 
     async def _flush(self, batch: list[Completion], *, final: bool) -> None:
-        """Write ``batch``, removing each chunk from it once written (so a retry after a
-        cancellation never writes a chunk twice)."""
+        """Write ``batch`` and the plain completions no producer took, removing each chunk
+        once written (so a retry after a cancellation never writes a chunk twice)."""
+        batch[:] = [c for c in batch if c is not _PLAIN_MARK]
+        batch.extend(
+            Completion(i, "", JobState.COMPLETED) for i in self.take_plain(len(self._plain))
+        )
         if not batch:
             return
         started = trio.current_time()
@@ -148,11 +192,8 @@ class Completer:
             await self._write_with_retry(chunk, deadline)
             del batch[: len(chunk)]
             done.extend(chunk)
-            self.backlog -= len(chunk)
-            self.flushed += len(chunk)
+            self._written(len(chunk))
             self.flushes += 1
-        if self.backlog < self.config.backpressure_low:
-            self._room.set()
         if self.on_flushed is not None:
             self.on_flushed(done, trio.current_time() - started)
 
@@ -189,27 +230,41 @@ class Completer:
 
     async def _write(self, chunk: list[Completion]) -> None:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
+            await write_completions(conn, chunk, self.notify_channel)
+
+
+async def write_completions(
+    conn: Connection, chunk: Sequence[Completion], notify_channel: str | None = None
+) -> list[Record]:
+    """Apply ``chunk`` in one guarded statement; returns the rows that changed.
+
+    Jobs made available now (hard-stop requeue, snooze 0, quick retry) are announced on
+    ``notify_channel`` so any process picks them up at once, not at its next poll.
+    """
+    completed = [c.job_id for c in chunk if c.state is JobState.COMPLETED and c.plain]
+    others = [c for c in chunk if not (c.state is JobState.COMPLETED and c.plain)]
+    rows: list[Record] = []
+    if completed:
+        rows.extend(await conn.fetch(_SET_COMPLETED, completed))
+    if others:
+        rows.extend(
+            await conn.fetch(
                 _SET_STATE,
-                [c.job_id for c in chunk],
-                [c.state.value for c in chunk],
-                [c.delay for c in chunk],
-                [None if c.error is None else json.dumps(c.error) for c in chunk],
-                [c.snooze for c in chunk],
-                [c.restore for c in chunk],
-                [None if c.metadata is None else json.dumps(c.metadata) for c in chunk],
+                [c.job_id for c in others],
+                [c.state.value for c in others],
+                [c.delay for c in others],
+                [None if c.error is None else json.dumps(c.error) for c in others],
+                [c.snooze for c in others],
+                [c.restore for c in others],
+                [None if c.metadata is None else json.dumps(c.metadata) for c in others],
             )
-            # Jobs made available now (hard-stop requeue, snooze 0, quick retry) should be
-            # picked up at once by any process, not at the next poll.
-            if self.notify_channel is not None:
-                queues = {
-                    r["queue"]
-                    for r in rows
-                    if r["state"] == JobState.AVAILABLE.value
-                }
-                for queue in queues:
-                    await conn.execute(
-                        "SELECT pg_notify($1, $2)",
-                        self.notify_channel,
-                        json.dumps({"queue": queue}, separators=(",", ":")),
-                    )
+        )
+    if notify_channel is not None and others:
+        queues = {r["queue"] for r in rows if r.get("state") == JobState.AVAILABLE.value}
+        for queue in queues:
+            await conn.execute(
+                "SELECT pg_notify($1, $2)",
+                notify_channel,
+                json.dumps({"queue": queue}, separators=(",", ":")),
+            )
+    return rows

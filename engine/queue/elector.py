@@ -67,7 +67,9 @@ class Elector:
                     row = await self.pool.fetchrow(_ELECT, cfg.leader_id, cfg.ttl)
                     elected_at = None if row is None else row["elected_at"]
                 except DatabaseError as exc:
-                    log.warning("election failed", extra={"event": "elect_failed", "error": str(exc)})
+                    log.warning(
+                        "election failed", extra={"event": "elect_failed", "error": str(exc)}
+                    )
                 if first:
                     first = False
                     task_status.started()
@@ -93,7 +95,8 @@ class Elector:
                     except DatabaseError as exc:
                         # Keep leading through a blip, but never past the trust window.
                         log.warning(
-                            "re-election failed", extra={"event": "reelect_failed", "error": str(exc)}
+                            "re-election failed",
+                            extra={"event": "reelect_failed", "error": str(exc)},
                         )
                         if trio.current_time() < trusted_until:
                             continue
@@ -106,7 +109,11 @@ class Elector:
             self.is_leader = False
             with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
                 try:
-                    await self.pool.fetchrow(_RESIGN, cfg.leader_id, self.notifier.channels.leadership)
+                    await self.pool.fetchrow(
+                        _RESIGN, cfg.leader_id, self.notifier.channels.leadership
+                    )
                 except DatabaseError:
                     pass  # the term expires by itself
-            log.info("leadership ended", extra={"event": "leader_resigned", "leader_id": cfg.leader_id})
+            log.info(
+                "leadership ended", extra={"event": "leader_resigned", "leader_id": cfg.leader_id}
+            )

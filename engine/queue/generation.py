@@ -122,9 +122,12 @@ class Generation:
                         await fetch.start(self._run_producer, queue, max_workers, work, work_job)
                     log.info(
                         "generation started",
-                        extra={"event": "generation_started", "generation": self.number,
-                               "client_id": self.config.client_id,
-                               "queues": dict(self.config.queues)},
+                        extra={
+                            "event": "generation_started",
+                            "generation": self.number,
+                            "client_id": self.config.client_id,
+                            "queues": dict(self.config.queues),
+                        },
                     )
                     task_status.started()
                     if self._pending_stop is not None:
@@ -151,7 +154,7 @@ class Generation:
         with self.notifier.subscribe_queue(queue) as wakeup:
             producer: Producer
 
-            async def start_job(job: Job) -> None:
+            def start_job(job: Job) -> None:
                 work.start_soon(work_job, job, producer)  # type: ignore[arg-type]
 
             producer = Producer(
@@ -167,7 +170,7 @@ class Generation:
                 wakeup,
                 self.slots,
                 start_job,
-                self.completer.wait_for_room,
+                self.completer,
             )
             self.producers.append(producer)
             await producer.run(task_status=task_status)

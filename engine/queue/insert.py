@@ -163,9 +163,7 @@ async def _insert_chunk(
     )
     # RETURNING yields rows in the order INSERT ... SELECT ... ORDER BY produced them.
     results = [InsertResult(Job.from_record(r), bool(r["skipped"])) for r in rows]
-    return [
-        InsertResult(results[i].job, True) if dup else results[i] for i, dup in slot
-    ]
+    return [InsertResult(results[i].job, True) if dup else results[i] for i, dup in slot]
 
 
 async def insert_tx(

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import attrs
 import cattrs
 
+from engine.db.bridge import Record
 from engine.errors import JobError
 from engine.queue.states import JobState
 from engine.queue.unique import UniqueOpts
@@ -32,6 +33,7 @@ __all__ = [
 #: Structures job args from their stored JSON; shared so apps can register their own hooks.
 converter = cattrs.Converter()
 
+_STATES = {s.value: s for s in JobState}
 _TAG = re.compile(r"\A[\w][\w\-]+[\w]\Z")
 _MAX_SMALLINT = 32767
 
@@ -43,7 +45,7 @@ class JobArgs(Protocol):
     kind: ClassVar[str]
 
 
-class JobSnooze(Exception):  # noqa: N818 - named after River's JobSnooze, which users know
+class JobSnooze(Exception):
     """Raise from a handler to run the job again after ``seconds`` without using an attempt."""
 
     def __init__(self, seconds: float) -> None:
@@ -53,7 +55,7 @@ class JobSnooze(Exception):  # noqa: N818 - named after River's JobSnooze, which
         self.seconds = float(seconds)
 
 
-class JobCancel(Exception):  # noqa: N818 - River's name
+class JobCancel(Exception):
     """Raise from a handler to cancel the job for good; the reason is recorded as its error."""
 
     def __init__(self, reason: str) -> None:
@@ -124,11 +126,11 @@ class Job:
     unique_key: bytes | None
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> Job:
+    def from_record(cls, rec: Record) -> Job:
         """Build from a ``river_job`` row (``RETURNING *`` or ``SELECT *``)."""
         return cls(
             id=rec["id"],
-            state=JobState(rec["state"]),
+            state=_STATES[rec["state"]],
             kind=rec["kind"],
             args=rec["args"],
             queue=rec["queue"],

@@ -36,7 +36,9 @@ class Channels:
     @classmethod
     def for_schema(cls, schema: str) -> Channels:
         """River's names: ``<schema>.river_insert`` and friends."""
-        return cls(f"{schema}.river_insert", f"{schema}.river_control", f"{schema}.river_leadership")
+        return cls(
+            f"{schema}.river_insert", f"{schema}.river_control", f"{schema}.river_leadership"
+        )
 
 
 class Wakeup:
@@ -126,7 +128,9 @@ class Notifier:
                 try:
                     message = json.loads(note.payload) if note.payload else {}
                 except ValueError:
-                    log.warning("ignoring a malformed notification", extra={"payload": note.payload})
+                    log.warning(
+                        "ignoring a malformed notification", extra={"payload": note.payload}
+                    )
                     continue
                 if not isinstance(message, dict):
                     continue

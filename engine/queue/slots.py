@@ -9,8 +9,6 @@ interrupts a running job, it only stops new claims until enough finish.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import attrs
 
@@ -72,19 +70,16 @@ class SlotPool:
         self._in_use -= n
         self._wake()
 
-    @contextmanager
-    def waiting(self, wakeup: Wakeup) -> Iterator[None]:
-        """While inside, ``wakeup`` is set whenever slots free up."""
+    def notify_when_free(self, wakeup: Wakeup) -> None:
+        """Set ``wakeup`` once, the next time a slot frees up (or the total grows)."""
         self._waiters.add(wakeup)
-        try:
-            yield
-        finally:
-            self._waiters.discard(wakeup)
 
     def statistics(self) -> SlotStatistics:
         """Total and in-use counts."""
         return SlotStatistics(self._total, self._in_use)
 
     def _wake(self) -> None:
-        for wakeup in list(self._waiters):
-            wakeup.set()
+        if self._waiters:
+            waiters, self._waiters = self._waiters, set()
+            for wakeup in waiters:
+                wakeup.set()

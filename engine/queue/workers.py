@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from engine.queue.job import Job
+from engine.queue.job import Job, converter
 
 __all__ = ["Handler", "Worker", "Workers"]
 
@@ -27,6 +27,12 @@ class Worker(Generic[A]):
     args_type: type[A]
     handler: Handler[A]
     timeout: float | None = None
+
+    def structure(self, args: dict[str, Any]) -> A:
+        """Turn stored JSON args into ``args_type`` (mappings pass through as they are)."""
+        if self.args_type is dict:
+            return args  # type: ignore[return-value]
+        return converter.structure(args, self.args_type)
 
 
 class Workers:

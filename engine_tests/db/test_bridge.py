@@ -61,7 +61,8 @@ async def test_cancelled_query_returns_connection_and_leaves_server(
     # The server-side query is gone too: asyncpg sent a cancel request.
     with trio.fail_after(5):
         while await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'"
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE state = 'active' AND query LIKE 'SELECT pg_sleep(30)%'"
         ):
             await trio.sleep(0.01)
     assert await pool.fetchval("SELECT 41 + 1") == 42

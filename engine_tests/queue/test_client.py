@@ -205,7 +205,7 @@ async def test_stop_drains_and_stop_and_cancel_requeues(
 
 
 async def test_pause_and_resume(setup: tuple[QueueClient, Recorder]) -> None:
-    client, recorder = setup
+    client, _ = setup
     await client.pause("default")
     await client.start_generation({"default": 4})
     result = await client.insert(Echo(1))

@@ -70,6 +70,41 @@ FROM locked_jobs
 WHERE river_job.id = locked_jobs.id
 RETURNING river_job.*;
 
+-- name: job_get_available_completing
+-- job_get_available that also marks running jobs $5 completed in the same statement: under load
+-- the producer carries the completer's plain completions, saving a round trip per batch.
+-- $1 queue, $2 limit, $3 client id, $4 now (NULL = now()), $5 ids to complete.
+WITH completed AS (
+    UPDATE river_job
+    SET state = 'completed', finalized_at = now()
+    WHERE id = ANY($5::bigint[]) AND state = 'running'
+),
+locked_jobs AS (
+    SELECT id
+    FROM river_job
+    WHERE state = 'available'
+      AND queue = $1
+      AND scheduled_at <= coalesce($4::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM river_queue WHERE name = $1 AND paused_at IS NOT NULL
+      )
+    ORDER BY priority, scheduled_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE river_job
+SET state = 'running',
+    attempt = river_job.attempt + 1,
+    attempted_at = coalesce($4::timestamptz, now()),
+    attempted_by = array_append(
+        coalesce(river_job.attempted_by[greatest(cardinality(river_job.attempted_by) - 98, 1):],
+                 '{}'::text[]),
+        $3::text
+    )
+FROM locked_jobs
+WHERE river_job.id = locked_jobs.id
+RETURNING river_job.*;
+
 -- name: job_set_state_if_running_many
 -- Record many outcomes in one statement. Only rows still running change (a job recovered or
 -- cancelled meanwhile is left alone). A running job whose cancel was requested goes to cancelled
@@ -235,3 +270,11 @@ SET state = 'available',
     max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END
 WHERE id = $1 AND state <> 'running'
 RETURNING *;
+
+-- name: job_set_completed_if_running_many
+-- The common outcome on its own, cheaper to send and to plan than the general statement:
+-- mark running jobs $1 completed. Returns the ids that changed.
+UPDATE river_job
+SET state = 'completed', finalized_at = now()
+WHERE id = ANY($1::bigint[]) AND state = 'running'
+RETURNING id;
