@@ -176,6 +176,11 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     status = db_commands.add_parser("status", help="describe the embedded server")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     db_commands.add_parser("url", help="print a psql-ready URL of the engine database")
+    bench = commands.add_parser("bench", help="run benchmark scenarios and print their figures")
+    bench.add_argument("scenario", help="a scenario name, or 'all'")
+    bench.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    bench.add_argument("--markdown", type=Path, metavar="FILE", help="also write a markdown table")
+    bench.add_argument("--quick", action="store_true", help="a tenth of the work, for smoke tests")
     return parser
 
 
@@ -363,12 +368,34 @@ def _cmd_db_url(config: EngineConfig) -> int:
     return EXIT_OK
 
 
+def _cmd_bench(config: EngineConfig, args: argparse.Namespace) -> int:
+    from engine.bench.runner import SCENARIOS, run_benchmarks
+
+    if args.scenario != "all" and args.scenario not in SCENARIOS:
+        known = ", ".join([*SCENARIOS, "all"])
+        print(
+            f"engine: error: unknown scenario {args.scenario!r}; choose one of {known}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    run_benchmarks(
+        config,
+        [args.scenario],
+        json_path=args.json,
+        markdown_path=args.markdown,
+        quick=args.quick,
+    )
+    return EXIT_OK
+
+
 def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
     command = args.command or "run"
     if command == "run":
         return _cmd_run(config)
     if command == "migrate":
         return _cmd_migrate(config)
+    if command == "bench":
+        return _cmd_bench(config, args)
     assert command == "db"
     sub: str = args.db_command
     if sub == "url":

@@ -11,7 +11,7 @@ States (§4.11)::
        └─► pending                                      ├─ error ─► available/retryable (+error)
                                                         ├─ error, no attempts left ─► discarded
                                                         ├─ JobCancel / cancel() ─► cancelled
-                                                        └─ hard stop ─► available (attempt kept)
+                                                        └─ hard stop ─► available (attempt back)
 
 Invariants: a job row leaves ``running`` only through a guarded write (``state = 'running'``);
 a claimed job is always either worked or left running for orphan recovery, never dropped.

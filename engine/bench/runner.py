@@ -1,0 +1,80 @@
+"""Run benchmark scenarios by name and report them (``python -m engine bench``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from engine.bench.common import check_targets, format_table
+from engine.config import EngineConfig
+from engine.db.bridge import asyncio_loop
+from engine.db.resolve import open_urls
+
+__all__ = ["SCENARIOS", "Scenario", "run_benchmarks"]
+
+
+@attrs.frozen
+class Scenario:
+    """A named benchmark: ``run(admin_url, quick=...)`` returns its figures."""
+
+    name: str
+    run: Callable[..., Awaitable[dict[str, float]]]
+    targets: dict[str, tuple[str, float]]
+
+
+def _scenarios() -> dict[str, Scenario]:
+    from engine.bench.queue import TARGETS as QUEUE_TARGETS
+    from engine.bench.queue import run_queue_bench
+
+    found = [Scenario("queue", run_queue_bench, QUEUE_TARGETS)]
+    return {s.name: s for s in found}
+
+
+SCENARIOS = _scenarios()
+
+
+def markdown(results: dict[str, dict[str, float]]) -> str:
+    """One markdown table of every scenario's figures, with targets and whether they held."""
+    lines = ["| scenario | figure | value | target | met |", "|---|---|---|---|---|"]
+    for name, figures in results.items():
+        targets = SCENARIOS[name].targets
+        met = check_targets(figures, targets)
+        for key, value in figures.items():
+            target = " ".join(map(str, targets[key])) if key in targets else ""
+            ok = ("yes" if met[key] else "**no**") if key in met else ""
+            lines.append(f"| {name} | {key} | {value} | {target} | {ok} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_benchmarks(
+    config: EngineConfig,
+    names: list[str],
+    *,
+    json_path: Path | None = None,
+    markdown_path: Path | None = None,
+    quick: bool = False,
+) -> dict[str, dict[str, float]]:
+    """Run ``names`` (or every scenario for ``all``) on the configured server; print tables,
+    write JSON (one scenario: its figures; several: keyed by scenario) and markdown."""
+    chosen = list(SCENARIOS) if names == ["all"] else names
+    results: dict[str, dict[str, float]] = {}
+
+    async def main() -> None:
+        async with asyncio_loop(), open_urls(config) as urls:
+            for name in chosen:
+                figures = await SCENARIOS[name].run(urls.tasks, quick=quick)
+                results[name] = figures
+                print(format_table(f"bench {name}", figures, SCENARIOS[name].targets), flush=True)
+
+    trio.run(main)
+    if json_path is not None:
+        payload: Any = results[chosen[0]] if len(chosen) == 1 else results
+        json_path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if markdown_path is not None:
+        markdown_path.write_text(markdown(results))
+    return results
