@@ -1,0 +1,96 @@
+"""Coalesce concurrent small writes into one statement.
+
+Under trio-asyncio one process manages about 2k small queries a second (``dependencies.md``
+§3), so a hundred tasks each claiming a lease must not cost a hundred round trips. Callers await
+:meth:`Batcher.submit` as if they ran their own statement; whoever arrives first waits one
+scheduler tick for the others of the same wave, then runs one statement for all of them and hands
+each caller its own result.
+
+The statement runs shielded, with a deadline: one caller being cancelled must not cancel the
+write the others are waiting on, and a write that already went out is recorded either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import trio
+
+__all__ = ["Batcher"]
+
+I = TypeVar("I")  # noqa: E741 - item
+R = TypeVar("R")
+
+
+class _Slot(Generic[I, R]):
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: I) -> None:
+        self.item = item
+        self.done = trio.Event()
+        self.result: R | None = None
+        self.error: BaseException | None = None
+
+
+class Batcher(Generic[I, R]):
+    """Run ``run_batch(items) -> results`` (same length, same order) for concurrent callers."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[I]], Awaitable[Sequence[R]]],
+        *,
+        max_batch: int = 1000,
+        timeout: float = 10.0,
+    ) -> None:
+        self._run_batch = run_batch
+        self.max_batch = max_batch
+        self.timeout = timeout
+        self._pending: list[_Slot[I, R]] = []
+        self._leading = False
+        self.batches = 0
+        self.items = 0
+
+    async def submit(self, item: I) -> R:
+        """Add ``item`` to the next batch and return its result (or raise its batch's error)."""
+        slot: _Slot[I, R] = _Slot(item)
+        self._pending.append(slot)
+        if self._leading:
+            await slot.done.wait()
+        else:
+            self._leading = True
+            try:
+                # Shielded as a whole: the others' items are in our hands until we are done.
+                with trio.CancelScope(shield=True):
+                    await self._lead()
+            finally:
+                self._leading = False
+        if slot.error is not None:
+            raise slot.error
+        return slot.result  # type: ignore[return-value]
+
+    async def _lead(self) -> None:
+        # One tick lets every task of this scheduling wave add its item first.
+        await trio.lowlevel.checkpoint()
+        while self._pending:
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            await self._run(batch)
+
+    async def _run(self, batch: list[_Slot[I, R]]) -> None:
+        self.batches += 1
+        self.items += len(batch)
+        try:
+            with trio.fail_after(self.timeout):
+                results = await self._run_batch([s.item for s in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(
+                    f"batch returned {len(results)} results for {len(batch)} items"
+                )
+            for slot, result in zip(batch, results, strict=True):
+                slot.result = result
+        except Exception as exc:
+            for slot in batch:
+                slot.error = exc
+        finally:
+            for slot in batch:
+                slot.done.set()

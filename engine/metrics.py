@@ -1,0 +1,620 @@
+"""Prometheus metrics (reference-semantics §5.10) and a small HTTP server for them, on trio.
+
+:class:`Metrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the global
+one: several engines (or tests) in one process each get their own series and never collide on
+registration. It carries the reference's metrics (``SetAsyncWorkerCapacity``,
+``SetDistributedWorkerCapacity``, ``SetWorkerLoad``, ``ObserveAsyncWorkerResize``) and the
+engine's own (queue depth, claim and completion latency, task phases, recoveries, admissions,
+leadership, generations).
+
+:class:`MetricsServer` answers ``GET /metrics``, ``/healthz`` and ``/readyz`` with a minimal
+HTTP/1.1 implementation on ``trio`` sockets: one request per connection, a read deadline, a
+request size cap, so a slow or hostile client costs one short-lived task and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Protocol
+
+import trio
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from engine.load.controller import LoadSnapshot, PressureState
+
+__all__ = [
+    "JOB_STATES",
+    "PRESSURE_STATES",
+    "RESIZE_OUTCOMES",
+    "Metrics",
+    "MetricsServer",
+    "StatedItem",
+]
+
+log = logging.getLogger(__name__)
+
+RESIZE_OUTCOMES: Final = ("refresh_failed", "create_failed", "start_failed", "success")
+"""Outcomes of ``ObserveAsyncWorkerResize`` (§5.4, §5.10)."""
+
+PRESSURE_STATES: Final = tuple(state.value for state in PressureState)
+"""Values of the ``state`` label of ``engine_worker_pressure_state`` (§7.2)."""
+
+JOB_STATES: Final = (
+    "available",
+    "cancelled",
+    "completed",
+    "discarded",
+    "pending",
+    "retryable",
+    "running",
+    "scheduled",
+)
+"""River's job states (§4.11): every queue reported by :meth:`Metrics.set_queue_depth` gets all
+of them, zero-filled, so a state that empties reads 0 instead of vanishing."""
+
+_WORKER_LOAD_KINDS: Final = (
+    "active_limit",
+    "heavy_limit",
+    "active",
+    "preparing",
+    "waiting_upstream",
+    "finalizing",
+)
+
+# Latency buckets. Claims and completion batches are single statements (milliseconds); task
+# phases include provider calls and transfers (seconds to an hour).
+_STATEMENT_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    math.inf,
+)
+_PHASE_BUCKETS: Final = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    math.inf,
+)
+
+
+class StatedItem(Protocol):
+    """Anything with a ``state`` (a completion: ``engine.queue.executor.Completion``)."""
+
+    @property
+    def state(self) -> str:
+        """The job state written, e.g. ``completed``."""
+        ...
+
+
+class Metrics:
+    """The engine's metrics, in a registry of their own; see the module docstring.
+
+    Every method is synchronous and cheap, so it can be called from any trio task (or thread:
+    prometheus_client locks its values).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Create every metric in ``registry`` (a new private one if ``None``)."""
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        # --- the reference's metrics (§5.10) ---
+        self.async_worker_capacity = Gauge(
+            "engine_async_worker_capacity",
+            "Async worker capacity of this instance: current (allocated), desired (global "
+            "desire) and hard_limit.",
+            ["kind"],
+            registry=r,
+        )
+        self.async_worker_capacity_capped = Gauge(
+            "engine_async_worker_capacity_capped",
+            "1 if the desired capacity was capped by the hard limit, else 0.",
+            registry=r,
+        )
+        self.distributed_worker_instances = Gauge(
+            "engine_distributed_worker_instances",
+            "Worker instances currently registered and alive.",
+            registry=r,
+        )
+        self.distributed_worker_capacity = Gauge(
+            "engine_distributed_worker_capacity",
+            "Capacity across instances: global (allocated in total) and allocated (this "
+            "instance's share).",
+            ["kind"],
+            registry=r,
+        )
+        self.worker_load = Gauge(
+            "engine_worker_load",
+            "Local load controller: active_limit (safe capacity), heavy_limit and leases per "
+            "phase.",
+            ["kind"],
+            registry=r,
+        )
+        self.worker_pressure_state = Gauge(
+            "engine_worker_pressure_state",
+            "1 for the load controller's current pressure state, 0 for the others.",
+            ["state"],
+            registry=r,
+        )
+        self.async_worker_resize = Counter(
+            "engine_async_worker_resize",
+            "Capacity refreshes that changed (or failed to change) the worker generation.",
+            ["outcome"],
+            registry=r,
+        )
+
+        # --- the engine's own ---
+        self.queue_jobs = Gauge(
+            "engine_queue_jobs", "Jobs per queue and state.", ["queue", "state"], registry=r
+        )
+        self.job_claim_seconds = Histogram(
+            "engine_job_claim_seconds",
+            "Duration of one claim statement.",
+            buckets=_STATEMENT_BUCKETS,
+            registry=r,
+        )
+        self.job_completion_batch_seconds = Histogram(
+            "engine_job_completion_batch_seconds",
+            "Duration of one completion batch write.",
+            buckets=_STATEMENT_BUCKETS,
+            registry=r,
+        )
+        self.job_completions = Counter(
+            "engine_job_completions",
+            "Job outcomes written by the completer, by state written.",
+            ["state"],
+            registry=r,
+        )
+        self.task_phase_seconds = Histogram(
+            "engine_task_phase_seconds",
+            "Time tasks spend in each phase.",
+            ["phase"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.tasks = Counter(
+            "engine_tasks", "Task runs finished, by resulting status.", ["status"], registry=r
+        )
+        self.recoveries = Counter(
+            "engine_recoveries",
+            "Rows repaired by recovery, by kind (e.g. requeued tasks, orphaned jobs).",
+            ["kind"],
+            registry=r,
+        )
+        self.admissions_waiting = Gauge(
+            "engine_admissions_waiting", "Task admissions waiting for a slot.", registry=r
+        )
+        self.leader = Gauge(
+            "engine_leader", "1 if this process is the queue maintenance leader.", registry=r
+        )
+        self.generations = Gauge(
+            "engine_generations",
+            "Worker generations alive in this process (the current one plus draining ones).",
+            registry=r,
+        )
+
+        # Fixed label values exist from the start: a series that appears only on its first
+        # event breaks rate() and absent() alerts.
+        for kind in ("current", "desired", "hard_limit"):
+            self.async_worker_capacity.labels(kind=kind)
+        for kind in ("global", "allocated"):
+            self.distributed_worker_capacity.labels(kind=kind)
+        for kind in _WORKER_LOAD_KINDS:
+            self.worker_load.labels(kind=kind)
+        self.set_pressure_state(PressureState.NORMAL)
+        for outcome in RESIZE_OUTCOMES:
+            self.async_worker_resize.labels(outcome=outcome)
+        self._queue_series: set[tuple[str, str]] = set()
+
+    # --- §5.10 ---------------------------------------------------------------------------
+
+    def set_async_worker_capacity(
+        self, current: int, desired: int, hard_limit: int, capped: bool
+    ) -> None:
+        """``SetAsyncWorkerCapacity(current=allocated, desired, hardLimit, capped)`` (§5.10)."""
+        self.async_worker_capacity.labels(kind="current").set(current)
+        self.async_worker_capacity.labels(kind="desired").set(desired)
+        self.async_worker_capacity.labels(kind="hard_limit").set(hard_limit)
+        self.async_worker_capacity_capped.set(1 if capped else 0)
+
+    def set_distributed_worker_capacity(
+        self, active_instances: int, global_capacity: int, allocated: int
+    ) -> None:
+        """``SetDistributedWorkerCapacity(activeInstances, globalCapacity, allocated)`` (§5.10)."""
+        self.distributed_worker_instances.set(active_instances)
+        self.distributed_worker_capacity.labels(kind="global").set(global_capacity)
+        self.distributed_worker_capacity.labels(kind="allocated").set(allocated)
+
+    def set_worker_load(self, snapshot: LoadSnapshot) -> None:
+        """``SetWorkerLoad`` (§5.10): the safe capacity is reported as ``active_limit``.
+
+        Usable as :class:`engine.load.sampler.LoadSamplerService`'s ``on_snapshot``.
+        """
+        values = {
+            "active_limit": snapshot.safe_capacity,
+            "heavy_limit": snapshot.heavy_limit,
+            "active": snapshot.active,
+            "preparing": snapshot.preparing,
+            "waiting_upstream": snapshot.waiting_upstream,
+            "finalizing": snapshot.finalizing,
+        }
+        for kind, value in values.items():
+            self.worker_load.labels(kind=kind).set(value)
+        self.set_pressure_state(snapshot.pressure_state)
+
+    def set_pressure_state(self, state: PressureState | str) -> None:
+        """Set ``engine_worker_pressure_state`` one-hot: 1 for ``state``, 0 for the others.
+
+        Raises:
+            ValueError: for a state that is not ``normal``, ``elevated`` or ``critical``.
+        """
+        current = PressureState(state).value
+        for name in PRESSURE_STATES:
+            self.worker_pressure_state.labels(state=name).set(1 if name == current else 0)
+
+    def observe_resize(self, outcome: str) -> None:
+        """``ObserveAsyncWorkerResize(outcome)`` (§5.10); an unchanged capacity emits nothing.
+
+        Raises:
+            ValueError: for an outcome outside :data:`RESIZE_OUTCOMES` (a typo must not create
+                a new series).
+        """
+        if outcome not in RESIZE_OUTCOMES:
+            raise ValueError(
+                f"unknown resize outcome {outcome!r}; expected one of {RESIZE_OUTCOMES}"
+            )
+        self.async_worker_resize.labels(outcome=outcome).inc()
+
+    # --- queue -----------------------------------------------------------------------------
+
+    def set_queue_depth(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """Replace ``engine_queue_jobs`` with ``counts[queue][state]``, a full snapshot.
+
+        Each queue present gets every :data:`JOB_STATES` value (missing ones read 0) plus any
+        other state given; series of queues no longer present are removed, so a deleted queue
+        does not linger at its last value.
+        """
+        seen: set[tuple[str, str]] = set()
+        for queue, states in counts.items():
+            for state in (*JOB_STATES, *(s for s in states if s not in JOB_STATES)):
+                self.queue_jobs.labels(queue=queue, state=state).set(states.get(state, 0))
+                seen.add((queue, state))
+        for queue, state in self._queue_series - seen:
+            self.queue_jobs.remove(queue, state)
+        self._queue_series = seen
+
+    def observe_claim(self, seconds: float) -> None:
+        """Record the duration of one claim statement."""
+        self.job_claim_seconds.observe(seconds)
+
+    def observe_completions(self, batch: Sequence[StatedItem], seconds: float) -> None:
+        """Record one completion write; fits :class:`engine.queue.completer.Completer`'s
+        ``on_flushed``.
+
+        An empty batch is a write carried by a producer's claim (the completer reports it with
+        no items and no duration): nothing is counted, so it neither skews the latency
+        histogram with zeros nor counts rows twice.
+        """
+        if not batch:
+            return
+        self.job_completion_batch_seconds.observe(seconds)
+        counts: dict[str, int] = {}
+        for item in batch:
+            # JobState is a StrEnum; str() of it is the plain value either way.
+            state = str(getattr(item.state, "value", item.state))
+            counts[state] = counts.get(state, 0) + 1
+        for state, n in counts.items():
+            self.job_completions.labels(state=state).inc(n)
+
+    def set_generations(self, n: int) -> None:
+        """Set the number of worker generations alive (current plus draining)."""
+        self.generations.set(n)
+
+    def set_leader(self, leading: bool) -> None:
+        """Set ``engine_leader`` to 1 while this process leads, else 0."""
+        self.leader.set(1 if leading else 0)
+
+    # --- tasks -----------------------------------------------------------------------------
+
+    def observe_task_phase(self, phase: str, seconds: float) -> None:
+        """Record the time a task spent in ``phase`` (e.g. ``preparing``, ``finalizing``)."""
+        self.task_phase_seconds.labels(phase=phase).observe(seconds)
+
+    def count_task(self, status: str, n: int = 1) -> None:
+        """Count ``n`` task runs that ended in ``status`` (e.g. ``succeeded``, ``failed``)."""
+        self.tasks.labels(status=status).inc(n)
+
+    def count_recoveries(self, kind: str, n: int) -> None:
+        """Count ``n`` rows repaired by recovery of ``kind``; 0 only creates the series."""
+        self.recoveries.labels(kind=kind).inc(n)
+
+    def count_recovery_round(self, counts: Mapping[str, int]) -> None:
+        """Count a whole recovery round, ``{kind: n}`` (e.g. the §6.4 counts)."""
+        for kind, n in counts.items():
+            self.count_recoveries(kind, n)
+
+    def set_admissions_waiting(self, n: int) -> None:
+        """Set the number of admissions in state ``waiting`` (§8)."""
+        self.admissions_waiting.set(n)
+
+    # --- exposition ------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format 0.0.4 (:data:`CONTENT_TYPE_LATEST`)."""
+        return bytes(generate_latest(self.registry))
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+_REASONS: Final = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+_TEXT: Final = "text/plain; charset=utf-8"
+
+
+class _Response:
+    """One response: status, content type, body and extra headers."""
+
+    __slots__ = ("body", "content_type", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = _TEXT,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
+
+    def encode(self) -> bytes:
+        """The response bytes; every response closes the connection."""
+        lines = [
+            f"HTTP/1.1 {self.status} {_REASONS[self.status]}",
+            f"Content-Type: {self.content_type}",
+            f"Content-Length: {len(self.body)}",
+            "Connection: close",
+            "Cache-Control: no-store",
+            *(f"{name}: {value}" for name, value in self.headers),
+        ]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
+
+
+class _RequestTooLarge(Exception):
+    """The request head exceeded the size cap."""
+
+
+class MetricsServer:
+    """A minimal HTTP/1.1 server for the metrics and health endpoints, on trio.
+
+    Routes: ``GET /metrics`` (the exposition text), ``GET /healthz`` (200 ``ok`` while the
+    process runs), ``GET /readyz`` (200 when ``ready()`` is true, else 503). Unknown paths get
+    404, other methods on known paths 405, malformed requests 400, oversized ones 431, and a
+    client that does not send a full request head within ``read_timeout`` gets 408. Each
+    connection carries one request and is closed after the response (``Connection: close``), so
+    there is no keep-alive state to manage. At most ``max_connections`` are served at once; more
+    are closed at once rather than queued behind slow clients.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics | Callable[[], bytes],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9464,
+        ready: Callable[[], bool] | None = None,
+        read_timeout: float = 5.0,
+        write_timeout: float = 5.0,
+        max_request_bytes: int = 8192,
+        max_connections: int = 64,
+    ) -> None:
+        """Create the server (it listens only in :meth:`run`).
+
+        Args:
+            metrics: the metrics to serve, or a function returning the exposition bytes.
+            host: address to bind (``MetricsConfig.host``).
+            port: port to bind; 0 picks a free one (``MetricsConfig.port``).
+            ready: readiness check for ``/readyz``; always ready if ``None``.
+            read_timeout: seconds a client has to send its whole request head.
+            write_timeout: seconds a client has to take the whole response.
+            max_request_bytes: cap on the request head; bigger requests get 431.
+            max_connections: connections served at once.
+        """
+        self._render = metrics.render if isinstance(metrics, Metrics) else metrics
+        self.host = host
+        self.port = port
+        self.ready = ready
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self.max_request_bytes = max_request_bytes
+        self._slots = trio.CapacityLimiter(max_connections)
+        #: The bound port once :meth:`run` has started.
+        self.bound_port: int | None = None
+
+    @property
+    def connections(self) -> int:
+        """Connections being served right now."""
+        return int(self._slots.borrowed_tokens)
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind and serve until cancelled; ``task_status.started(port)`` with the bound port.
+
+        This is ``trio.serve_tcp`` in its two steps, so that with port 0 only one listener is
+        kept: a host name resolving to both IPv4 and IPv6 would otherwise get a different free
+        port per address, and the reported port would be only one of them.
+        """
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        if self.port == 0 and len(listeners) > 1:
+            for extra in listeners[1:]:
+                await extra.aclose()
+            listeners = listeners[:1]
+        port = int(listeners[0].socket.getsockname()[1])
+        self.bound_port = port
+        log.info(
+            "metrics server listening",
+            extra={"event": "metrics_listening", "host": self.host, "port": port},
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(port)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        """Serve one connection; never raises (an escaping error would stop the server)."""
+        try:
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                # Full of (probably slow) clients: shed this one instead of queueing it.
+                return
+            try:
+                await self._serve_one(stream)
+            finally:
+                self._slots.release()
+        except Exception:
+            log.exception("metrics request failed", extra={"event": "metrics_request_failed"})
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_one(self, stream: trio.SocketStream) -> None:
+        """Read one request head, answer it, then close gracefully."""
+        response = await self._read_request(stream)
+        if response is None:
+            return
+        with trio.move_on_after(self.write_timeout):
+            try:
+                await stream.send_all(response.encode())
+                # Lingering close: shut our side, then drain what the client is still sending
+                # (an oversized request) so the kernel does not reset the connection and
+                # discard the response before the client has read it.
+                await stream.send_eof()
+                drained = 0
+                while drained < 1 << 16:
+                    data = await stream.receive_some(4096)
+                    if not data:
+                        break
+                    drained += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    async def _read_request(self, stream: trio.SocketStream) -> _Response | None:
+        """The response to the client's request, or ``None`` if there is nobody to answer."""
+        with trio.move_on_after(self.read_timeout):
+            try:
+                head = await self._read_head(stream)
+            except _RequestTooLarge:
+                return _Response(431, b"request too large\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return None
+            if not head:
+                # The client closed before sending anything.
+                return None
+            return self._respond(head)
+        return _Response(408, b"request timeout\n")
+
+    async def _read_head(self, stream: trio.SocketStream) -> bytes:
+        """Read up to the blank line ending the request head.
+
+        Returns:
+            the head, or ``b""`` if the client closed the connection before sending one.
+
+        Raises:
+            _RequestTooLarge: if no blank line arrives within ``max_request_bytes``.
+        """
+        buffer = bytearray()
+        while True:
+            end = _head_end(buffer)
+            if end is not None:
+                if end > self.max_request_bytes:
+                    raise _RequestTooLarge
+                return bytes(buffer[:end])
+            if len(buffer) >= self.max_request_bytes:
+                raise _RequestTooLarge
+            data = await stream.receive_some(self.max_request_bytes + 1 - len(buffer))
+            if not data:
+                # EOF: a complete request line without the blank line is still answerable
+                # (HTTP/0.9-style probes); nothing at all is not.
+                return bytes(buffer)
+            buffer += data
+
+    def _respond(self, head: bytes) -> _Response:
+        """Route one request head to its response."""
+        request_line = head.split(b"\n", 1)[0].rstrip(b"\r")
+        parts = request_line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return _Response(400, b"bad request\n")
+        method, target = parts[0], parts[1]
+        path = target.split(b"?", 1)[0]
+        if path not in (b"/metrics", b"/healthz", b"/readyz"):
+            return _Response(404, b"not found\n")
+        if method != b"GET":
+            return _Response(405, b"method not allowed\n", headers=[("Allow", "GET")])
+        if path == b"/healthz":
+            return _Response(200, b"ok\n")
+        if path == b"/readyz":
+            return self._readiness()
+        try:
+            body = self._render()
+        except Exception:
+            log.exception("metrics rendering failed", extra={"event": "metrics_render_failed"})
+            return _Response(500, b"metrics rendering failed\n")
+        return _Response(200, body, content_type=CONTENT_TYPE_LATEST)
+
+    def _readiness(self) -> _Response:
+        """200 ``ready`` or 503 ``not ready``; a failing check counts as not ready."""
+        if self.ready is None:
+            return _Response(200, b"ready\n")
+        try:
+            ok = bool(self.ready())
+        except Exception:
+            log.exception("readiness check failed", extra={"event": "readiness_check_failed"})
+            ok = False
+        return _Response(200, b"ready\n") if ok else _Response(503, b"not ready\n")
+
+
+def _head_end(buffer: bytearray) -> int | None:
+    """Index just past the blank line ending a request head (CRLF or bare LF), or ``None``."""
+    crlf = buffer.find(b"\r\n\r\n")
+    lf = buffer.find(b"\n\n")
+    ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
+    return min(ends) if ends else None

@@ -1,0 +1,304 @@
+"""The engine as a library: ``async with engine.open(config, providers=...) as eng``.
+
+Opening it connects (or starts the embedded server), migrates, and starts the services as
+siblings; leaving the block stops executions (draining, then cancelling after
+``worker.stop_timeout``), records every outcome, and closes everything::
+
+    services nursery
+    ├── event writer       task history, batched
+    ├── task notices       LISTEN: finished tasks wake wait(), cancels reach executions
+    ├── lease keeper       renews this process's execution leases, one statement per round
+    └── queue client       notifier, completer, elector, generations (see engine.queue.client)
+
+``execute=False`` is client-only mode (§5.3): submit, wait and cancel, no execution.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime
+from typing import Any, overload
+
+import trio
+
+from engine.config import EngineConfig
+from engine.db.bridge import Connection, asyncio_loop
+from engine.db.database import Database, DatabaseUrls, open_database
+from engine.db.resolve import migrate_databases, open_urls
+from engine.db.sqlfiles import QUERIES
+from engine.errors import TaskNotFound
+from engine.load.controller import LoadController
+from engine.providers.base import Provider
+from engine.providers.simulated import SimulatedProvider
+from engine.queue.client import QueueClient, make_instance_id, open_queue
+from engine.queue.slots import SlotPool
+from engine.queue.workers import Workers
+from engine.tasks.models import Task, TaskEvent, TaskRequest, TaskStatus
+from engine.tasks.notices import CANCEL_CHANNEL, TaskNotices
+from engine.tasks.runner import LeaseKeeper, TaskRunArgs, TaskRunner
+from engine.tasks.store import EventWriter, TaskStore
+from engine.tasks.submit import submit_tasks
+
+__all__ = ["Engine", "open_engine"]
+
+log = logging.getLogger(__name__)
+
+_CANCEL_QUEUED = QUERIES["task_cancel_queued"]
+_REQUEST_CANCEL = QUERIES["task_request_cancel"]
+_LIST = QUERIES["task_list"]
+_EVENTS = QUERIES["task_event_list"]
+_COUNTS = QUERIES["task_count_by_status"]
+_MODEL_UPSERT = QUERIES["model_upsert"]
+_GROUP_UPSERT = QUERIES["group_upsert"]
+
+#: NOTIFY channel for catalogue changes (capacity refreshes at once on it).
+CATALOG_CHANNEL = "engine_catalog"
+
+
+class Engine:
+    """An open engine: submit tasks, wait for them, cancel them, read them."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        db: Database,
+        queue: QueueClient,
+        store: TaskStore,
+        notices: TaskNotices,
+        keeper: LeaseKeeper,
+        runner: TaskRunner,
+        simulated: Provider,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.queue = queue
+        self.store = store
+        self.notices = notices
+        self.keeper = keeper
+        self.runner = runner
+        self.simulated = simulated
+
+    @property
+    def instance_id(self) -> str:
+        """This process's instance id (``host:pid:nanos``)."""
+        return self.queue.instance_id
+
+    # ---- submitting ----------------------------------------------------------------------
+
+    @overload
+    async def submit(self, request: TaskRequest) -> uuid.UUID: ...
+
+    @overload
+    async def submit(self, request: Sequence[TaskRequest]) -> list[uuid.UUID]: ...
+
+    async def submit(
+        self, request: TaskRequest | Sequence[TaskRequest]
+    ) -> uuid.UUID | list[uuid.UUID]:
+        """Validate and store one task or many (one transaction); return their ids.
+
+        Raises:
+            InvalidTask: any request was invalid; nothing was stored.
+        """
+        requests = [request] if isinstance(request, TaskRequest) else list(request)
+        async with self.db.tasks.transaction() as conn:
+            await self.submit_tx(conn, requests)
+        ids = [r.id for r in requests]
+        return ids[0] if isinstance(request, TaskRequest) else ids
+
+    async def submit_tx(self, conn: Connection, requests: Sequence[TaskRequest]) -> None:
+        """Store ``requests`` inside the caller's transaction on ``conn`` (a connection to
+        the tasks database): the tasks exist, and run, only if that transaction commits."""
+        await submit_tasks(
+            conn,
+            requests,
+            queue=self.config.queue,
+            max_payload_bytes=self.config.tasks.max_payload_bytes,
+            instance_id=self.instance_id,
+            limiter=self.queue.limiter,
+        )
+
+    # ---- reading -------------------------------------------------------------------------
+
+    async def get(self, task_id: uuid.UUID) -> Task | None:
+        """The task, or None."""
+        return await self.store.get_now(task_id)
+
+    async def wait(self, task_id: uuid.UUID, timeout: float | None = None) -> Task:
+        """Wait until the task is final (woken by NOTIFY, not polling) and return it.
+
+        Raises:
+            TaskNotFound: no such task.
+            trio.TooSlowError: ``timeout`` seconds passed first.
+        """
+        with trio.fail_after(timeout) if timeout is not None else trio.CancelScope():
+            while True:
+                event = self.notices.waiter(task_id)
+                try:
+                    task = await self.store.get_now(task_id)
+                    if task is None:
+                        raise TaskNotFound(f"no task {task_id}")
+                    if task.is_final:
+                        return task
+                    await event.wait()
+                finally:
+                    self.notices.forget(task_id, event)
+
+    async def list(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        model: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 100,
+        before: datetime | None = None,
+    ) -> list[Task]:
+        """Tasks newest first; ``before`` pages (pass the last task's ``created_at``)."""
+        rows = await self.db.tasks.fetch(
+            _LIST, status.value if status else None, model, tenant_id, limit, before
+        )
+        return [Task.from_record(r) for r in rows]
+
+    async def counts(self) -> dict[str, int]:
+        """Tasks per status."""
+        return {r["status"]: int(r["n"]) for r in await self.db.tasks.fetch(_COUNTS)}
+
+    async def events(self, task_id: uuid.UUID) -> list[TaskEvent]:
+        """The task's history, oldest first (events are written in batches: the last ones
+        may take ~50 ms to appear)."""
+        rows = await self.db.tasks.fetch(_EVENTS, task_id)
+        return [
+            TaskEvent(
+                task_id=r["task_id"], type=r["type"], status=r["status"], phase=r["phase"],
+                progress=r["progress"], message=r["message"], payload=r["payload"],
+                simulated=r["simulated"], instance_id=r["instance_id"], at=r["at"],
+            )
+            for r in rows
+        ]
+
+    # ---- control -------------------------------------------------------------------------
+
+    async def cancel(self, task_id: uuid.UUID) -> Task:
+        """Cancel a task: a queued one at once; a running one is told to stop (its provider
+        is asked to cancel upstream) and ends ``cancelled``. A final task is left as it is.
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        row = await self.db.tasks.fetchrow(_CANCEL_QUEUED, task_id)
+        if row is not None:
+            task = Task.from_record(row)
+            if task.river_job_id is not None:
+                await self.queue.cancel(task.river_job_id)
+            return task
+        requested = await self.db.tasks.fetchrow(_REQUEST_CANCEL, task_id, CANCEL_CHANNEL)
+        if requested is not None:
+            self.keeper.cancel(task_id)
+        task = await self.get(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id}")
+        return task
+
+    async def set_model(
+        self,
+        name: str,
+        *,
+        enabled: bool = True,
+        concurrency_limit: int | None = None,
+        provider: str = "simulated",
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create or change a model in the catalogue."""
+        import json
+
+        await self.db.coordination.fetchrow(
+            _MODEL_UPSERT, name, enabled, concurrency_limit, provider,
+            json.dumps(dict(settings or {})), CATALOG_CHANNEL,
+        )
+
+    async def set_group(
+        self, key: str, *, enabled: bool = True, concurrency_limit: int | None = None
+    ) -> None:
+        """Create or change a group in the catalogue."""
+        await self.db.coordination.fetchrow(
+            _GROUP_UPSERT, key, enabled, concurrency_limit, CATALOG_CHANNEL
+        )
+
+
+@asynccontextmanager
+async def open_engine(
+    config: EngineConfig,
+    *,
+    providers: Mapping[str, Provider] | None = None,
+    simulated: Provider | None = None,
+    urls: DatabaseUrls | None = None,
+    load: LoadController | None = None,
+    execute: bool | None = None,
+    max_workers: int | None = None,
+) -> AsyncIterator[Engine]:
+    """Open an engine; see the module docstring.
+
+    Args:
+        config: the configuration (``engine.config.load_config()``).
+        providers: a provider per model name, for ``live`` tasks.
+        simulated: the provider for ``simulation`` tasks (default: a zero-latency one).
+        urls: where the databases are (default: resolved from ``config``, starting the embedded
+            server if no URL is configured).
+        load: the worker-load controller (None: no load control).
+        execute: run tasks in this process (default: ``worker.mode == "worker"``).
+        max_workers: concurrent executions of this process (default: the instance hard limit,
+            else the global hard limit).
+    """
+    execute = config.worker.mode == "worker" if execute is None else execute
+    dbc = config.database
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(asyncio_loop())
+        if urls is None:
+            urls = await stack.enter_async_context(open_urls(config))
+        db = await stack.enter_async_context(
+            open_database(
+                urls,
+                min_size=dbc.pool_min_size,
+                max_size=dbc.pool_max_size,
+                statement_cache_size=dbc.statement_cache_size,
+                lock_timeout=dbc.lock_timeout,
+                command_timeout=dbc.command_timeout,
+                attempts=dbc.connect_attempts,
+                retry_delay=dbc.connect_retry_delay,
+            )
+        )
+        if dbc.migrate_on_start:
+            await migrate_databases(db)
+        instance_id = config.instance_name or make_instance_id()
+        store = TaskStore(db.tasks, instance_id, lease_ttl=config.tasks.lease_ttl)
+        events = EventWriter(db.tasks)
+        keeper = LeaseKeeper(store, config.tasks.lease_renew_interval)
+        sim = simulated or SimulatedProvider()
+        runner = TaskRunner(
+            store, events, keeper, dict(providers or {}), simulated=sim,
+            instance_id=instance_id, load=load,
+            lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
+        )
+        notices = TaskNotices(db.tasks.dsn, keeper.cancel)
+        workers = Workers()
+        workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
+        services = await stack.enter_async_context(trio.open_nursery())
+        await services.start(events.run)
+        await services.start(notices.run)
+        await services.start(keeper.run)
+        async with open_queue(
+            db,
+            config.queue,
+            workers=workers if execute else None,
+            instance_id=instance_id,
+            stop_timeout=config.worker.stop_timeout,
+            slots=SlotPool(),
+        ) as queue:
+            engine = Engine(config, db, queue, store, notices, keeper, runner, sim)
+            if execute:
+                size = max_workers or config.worker.instance_hard_limit or config.worker.hard_limit
+                await queue.start_generation({config.queue.name: size})
+            yield engine
+        services.cancel_scope.cancel(reason="engine closed")

@@ -1,0 +1,68 @@
+"""Task notifications: finished tasks wake waiters, cancel requests reach their executions.
+
+One LISTEN connection carries both channels. ``engine_task_finished`` is sent by a trigger on
+every write that makes a task final, whoever wrote it; ``engine_task_cancel`` by
+``cancel()`` for a running task. After a reconnect every waiter re-reads its task, because a
+notification sent while we were away is gone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+
+import trio
+
+from engine.db.listen import RESYNC, Listener
+
+__all__ = ["CANCEL_CHANNEL", "FINISHED_CHANNEL", "TaskNotices"]
+
+FINISHED_CHANNEL = "engine_task_finished"
+CANCEL_CHANNEL = "engine_task_cancel"
+
+
+class TaskNotices:
+    """Waiters per task and the cancel hook; run it as a service."""
+
+    def __init__(self, dsn: str, on_cancel: Callable[[uuid.UUID], object]) -> None:
+        self.listener = Listener(dsn, [FINISHED_CHANNEL, CANCEL_CHANNEL])
+        self.on_cancel = on_cancel
+        self._waiters: dict[uuid.UUID, set[trio.Event]] = defaultdict(set)
+
+    def waiter(self, task_id: uuid.UUID) -> trio.Event:
+        """An event set when ``task_id`` may have finished (re-check the row)."""
+        event = trio.Event()
+        self._waiters[task_id].add(event)
+        return event
+
+    def forget(self, task_id: uuid.UUID, event: trio.Event) -> None:
+        """Drop a waiter that is no longer waiting."""
+        events = self._waiters.get(task_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._waiters[task_id]
+
+    def _wake(self, task_id: uuid.UUID) -> None:
+        for event in self._waiters.pop(task_id, ()):
+            event.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch notifications until cancelled; ``started()`` once listening."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.listener.run)
+            task_status.started()
+            async for note in self.listener.receive:
+                if note == RESYNC:
+                    for task_id in list(self._waiters):
+                        self._wake(task_id)
+                    continue
+                try:
+                    task_id = uuid.UUID(note.payload)
+                except ValueError:
+                    continue
+                if note.channel == FINISHED_CHANNEL:
+                    self._wake(task_id)
+                elif note.channel == CANCEL_CHANNEL:
+                    self.on_cancel(task_id)

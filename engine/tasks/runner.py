@@ -1,0 +1,334 @@
+"""Running a task: the reference worker's decision table (§5.2) and a fenced execution (§6.11).
+
+The job handler, row by row (each row is a test in ``engine_tests/tasks/test_runner.py``):
+
+| #  | condition                                   | job outcome                                  |
+|----|---------------------------------------------|----------------------------------------------|
+| 1  | reading the task fails                      | error → retried with backoff                 |
+| -  | the task does not exist                     | completed, with a warning                    |
+| 2  | the task is final                           | completed (no-op run)                        |
+| 3  | the worker load refuses a start             | snooze 250–750 ms (§5.9), no attempt used    |
+| 4  | run with a fresh token                      |                                              |
+| 5  | the run ends (succeeded or failed upstream) | completed                                    |
+| 6  | the lease is held by another live token     | completed                                    |
+| 7  | ambiguous upstream submission               | completed; task in manual_review             |
+| 8  | the task is queued with a delay             | snooze(delay)                                |
+| 9  | hard stop (cancelled)                       | task requeued (shielded), job available now  |
+| 10 | lock timeout (55P03) before submission      | task requeued in 1 s + event, snooze 1 s     |
+| 11 | anything else                               | task failed (fenced), job completed          |
+
+The job is only the execution ticket: business outcomes live in the task row, and the job is
+retried only for infrastructure errors (#1, #9 when the requeue fails, #10 when it errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from engine.errors import LeaseUnavailable, LockTimeout, ManualReview
+from engine.load.controller import LoadController, LoadLease, Phase
+from engine.load.retry_delay import worker_load_retry_delay
+from engine.providers.base import AmbiguousSubmission, Provider, ProviderError
+from engine.queue.job import Job, JobSnooze
+from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
+from engine.tasks.store import EventWriter, TaskStore
+
+__all__ = ["LeaseKeeper", "TaskQueued", "TaskRunArgs", "TaskRunner"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class TaskRunArgs:
+    """The job's args: which task to run (§2: ``{"task_id": "<uuid>"}``, unique by it)."""
+
+    kind: ClassVar[str] = "gateway_task_run"
+    task_id: str = attrs.field(metadata={"unique": True})
+
+
+class TaskQueued(Exception):  # noqa: N818 - the reference's TaskQueuedError
+    """The task must run later; the job snoozes for ``delay`` seconds (§5.2 #8)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"task queued for {delay:.3f} s")
+        self.delay = delay
+
+
+class _Execution:
+    """One running execution: its token and the scope a cancel or a lost lease cancels."""
+
+    def __init__(self, task_id: uuid.UUID, token: uuid.UUID) -> None:
+        self.task_id = task_id
+        self.token = token
+        self.scope = trio.CancelScope()
+        self.cancel_requested = False
+        self.lease_lost = False
+
+
+class LeaseKeeper:
+    """Renews the leases of every execution in this process, one statement per interval.
+
+    A lease that could not be renewed is lost: another execution may own the task now, so the
+    stale one is cancelled at once. A renewal that reports a cancel request cancels the
+    execution too (the fallback when the NOTIFY was missed).
+    """
+
+    def __init__(self, store: TaskStore, interval: float) -> None:
+        self.store = store
+        self.interval = interval
+        self.running: dict[uuid.UUID, _Execution] = {}
+
+    def cancel(self, task_id: uuid.UUID) -> bool:
+        """Cancel the execution of ``task_id`` in this process, if it runs here."""
+        execution = self.running.get(task_id)
+        if execution is None:
+            return False
+        execution.cancel_requested = True
+        execution.scope.cancel(reason="task cancelled")
+        return True
+
+    async def run_once(self) -> None:
+        """Renew every lease once."""
+        executions = list(self.running.values())
+        held = await self.store.renew([(e.task_id, e.token) for e in executions])
+        for execution in executions:
+            if execution.task_id not in held:
+                if self.running.get(execution.task_id) is execution:
+                    execution.lease_lost = True
+                    execution.scope.cancel(reason="execution lease lost")
+            elif held[execution.task_id]:
+                self.cancel(execution.task_id)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew every ``interval`` until cancelled; a failed round is logged."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                await self.run_once()
+            except Exception as exc:
+                log.warning("lease renewal failed", extra={"event": "lease_renew_failed",
+                                                           "error": str(exc)})
+
+
+class TaskRunner:
+    """The job handler for task jobs; see the module docstring."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        events: EventWriter,
+        keeper: LeaseKeeper,
+        providers: Mapping[str, Provider],
+        *,
+        simulated: Provider,
+        instance_id: str,
+        load: LoadController | None = None,
+        lock_timeout_delay: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.keeper = keeper
+        self.providers = providers
+        self.simulated = simulated
+        self.instance_id = instance_id
+        self.load = load
+        self.lock_timeout_delay = lock_timeout_delay
+
+    def provider_for(self, task: Task) -> Provider:
+        """The simulated provider for simulation runs, else the one registered for the model
+        (or, failing that, under the model's configured provider name)."""
+        if task.simulated:
+            return self.simulated
+        provider = self.providers.get(task.model)
+        if provider is None:
+            raise ProviderError(f"no provider is registered for model {task.model!r}",
+                                code="no_provider")
+        return provider
+
+    def emit(self, task: Task, type_: str, **fields: Any) -> None:
+        """Append an event to ``task``'s history (buffered)."""
+        self.events.emit(
+            TaskEvent(task.id, type_, simulated=task.simulated, instance_id=self.instance_id,
+                      **fields)
+        )
+
+    # ---- the decision table -----------------------------------------------------------------
+
+    async def work(self, job: Job, args: TaskRunArgs) -> None:
+        """Handle one task job (§5.2)."""
+        task_id = uuid.UUID(args.task_id)
+        task = await self.store.get(task_id)  # 1: an error here is retried
+        if task is None:
+            log.warning("task job for a missing task; completing it",
+                        extra={"event": "task_missing", "task_id": str(task_id), "job_id": job.id})
+            return
+        if task.is_final:  # 2
+            return
+        lease: LoadLease | None = None
+        if self.load is not None:
+            lease = self.load.try_start()
+            if lease is None:  # 3
+                raise JobSnooze(worker_load_retry_delay(str(task_id)))
+        token = uuid.uuid4()
+        try:
+            await self._execute(task, token, lease)  # 4, 5
+        except LeaseUnavailable:  # 6
+            return
+        except ManualReview:  # 7
+            log.warning("moved to manual review after ambiguous upstream submission",
+                        extra={"event": "task_manual_review", "task_id": str(task_id)})
+            return
+        except TaskQueued as queued:  # 8
+            raise JobSnooze(queued.delay) from None
+        except LockTimeout as exc:  # 10
+            status = await self.store.requeue(
+                task_id, token, delay=self.lock_timeout_delay, only_before_submission=True
+            )
+            if status is TaskStatus.QUEUED:
+                self.emit(task, "task.queued", status="queued", phase="database_lock_timeout",
+                          progress=0.2, message="async task queued after database lock timeout",
+                          payload={"code": "database_lock_timeout"})
+                log.warning("task requeued after a database lock timeout",
+                            extra={"event": "task_lock_timeout", "task_id": str(task_id)})
+                raise JobSnooze(self.lock_timeout_delay) from None
+            await self._fail(task, token, exc)  # 10 → 11
+        except Exception as exc:  # 11
+            await self._fail(task, token, exc)
+        except BaseException:  # 9: a hard stop; requeue so another worker takes it at once
+            status = await self.store.requeue(task_id, token)
+            if status is not None:
+                self.emit(task, "task.requeued", status=status.value,
+                          message="interrupted by shutdown")
+            raise
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _fail(self, task: Task, token: uuid.UUID, exc: BaseException) -> None:
+        log.warning("river async task completed with failure",
+                    extra={"event": "task_failed", "task_id": str(task.id), "error": repr(exc)})
+        error = {"code": "internal_error", "message": str(exc) or type(exc).__name__}
+        if await self.store.finish(task.id, token, TaskStatus.FAILED, error=error):
+            self.emit(task, "task.failed", status="failed", message=error["message"],
+                      payload=error)
+
+    # ---- one execution ------------------------------------------------------------------------
+
+    async def _execute(self, task: Task, token: uuid.UUID, lease: LoadLease | None) -> None:
+        now = datetime.now(UTC)
+        if task.next_run_at > now:
+            raise TaskQueued((task.next_run_at - now).total_seconds())
+        claimed = await self.store.claim(task.id, token)
+        if claimed is None:
+            current = await self.store.get_now(task.id)
+            if current is not None and not current.is_final and current.next_run_at > now:
+                raise TaskQueued((current.next_run_at - now).total_seconds())
+            raise LeaseUnavailable()
+        task = claimed
+        self.emit(task, "task.started", status="running", phase="preparing", progress=0.1,
+                  payload={"attempt": task.attempts})
+        if task.submitted_at is not None and task.upstream_ref is None:
+            # A previous execution started the upstream call and never recorded its answer:
+            # submitting again could run it twice upstream (§6.11).
+            await self._finish(task, token, TaskStatus.MANUAL_REVIEW,
+                               error={"code": "ambiguous_submission",
+                                      "message": "submitted upstream with no recorded outcome"})
+            raise ManualReview()
+        execution = _Execution(task.id, token)
+        self.keeper.running[task.id] = execution
+        try:
+            with execution.scope:
+                await self._run_provider(task, token, lease)
+            if execution.lease_lost:
+                raise LeaseUnavailable("the execution lease was lost")
+            if execution.scope.cancelled_caught:
+                await self._cancelled(task, token)
+        finally:
+            if self.keeper.running.get(task.id) is execution:
+                del self.keeper.running[task.id]
+
+    async def _run_provider(self, task: Task, token: uuid.UUID, lease: LoadLease | None) -> None:
+        try:
+            provider = self.provider_for(task)
+        except ProviderError as exc:
+            await self._finish(task, token, TaskStatus.FAILED,
+                               error={"code": exc.code, "message": str(exc)})
+            return
+        ref = task.upstream_ref
+        try:
+            if ref is None:
+                prepared = await provider.prepare(task)
+                if not await self.store.mark_submitting(task.id, token):
+                    raise LeaseUnavailable()
+                await self._enter(lease, Phase.WAITING_UPSTREAM)
+                try:
+                    ref = await provider.submit(task, prepared)
+                except AmbiguousSubmission as exc:
+                    await self._finish(task, token, TaskStatus.MANUAL_REVIEW,
+                                       error={"code": "ambiguous_submission", "message": str(exc)})
+                    raise ManualReview() from exc
+                if not await self.store.record_upstream(task.id, token, ref):
+                    raise LeaseUnavailable()
+                self.emit(task, "task.submitted", status="running", phase="waiting_upstream",
+                          progress=0.4, payload={"upstream_ref": ref})
+            else:
+                await self._enter(lease, Phase.WAITING_UPSTREAM)
+                self.emit(task, "task.resumed", status="running", phase="waiting_upstream",
+                          payload={"upstream_ref": ref})
+            while True:
+                polled = await provider.poll(task, ref)
+                if polled.done:
+                    break
+                await trio.sleep(provider.poll_interval)
+            if polled.error is not None:
+                raise ProviderError(polled.error, code="upstream_failed")
+            await self._enter(lease, Phase.FINALIZING)
+            await self.store.set_phase(task.id, token, TaskPhase.FINALIZING, 0.9)
+            result = await provider.finalize(task, polled.result)
+        except ProviderError as exc:
+            await self._finish(task, token, TaskStatus.FAILED,
+                               error={"code": exc.code, "message": str(exc)})
+            return
+        except trio.Cancelled:
+            if ref is not None:
+                # Best effort and bounded: tell the upstream, whatever stopped us.
+                with trio.move_on_after(5, shield=True):
+                    try:
+                        await provider.cancel(task, ref)
+                    except Exception as exc:
+                        log.warning("upstream cancel failed",
+                                    extra={"event": "upstream_cancel_failed", "error": repr(exc)})
+            raise
+        await self._finish(task, token, TaskStatus.SUCCEEDED, result=result)
+
+    async def _enter(self, lease: LoadLease | None, phase: Phase) -> None:
+        if lease is not None:
+            await lease.enter(phase)
+
+    async def _finish(
+        self,
+        task: Task,
+        token: uuid.UUID,
+        status: TaskStatus,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        if not await self.store.finish(task.id, token, status, result=result, error=error):
+            raise LeaseUnavailable()
+        self.emit(task, f"task.{status.value}", status=status.value,
+                  progress=1.0 if status is TaskStatus.SUCCEEDED else None,
+                  message=None if error is None else error.get("message"),
+                  payload={} if error is None else error)
+
+    async def _cancelled(self, task: Task, token: uuid.UUID) -> None:
+        await self._finish(task, token, TaskStatus.CANCELLED,
+                           error={"code": "cancelled", "message": "cancelled while running"})

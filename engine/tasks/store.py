@@ -1,0 +1,257 @@
+"""Task rows: reads, fenced writes batched across concurrent executions, buffered events.
+
+Every write to a running task names its execution token, and the SQL only touches the row while
+that token holds the lease: a stale executor's writes change nothing and come back ``False``.
+Concurrent executions' writes of one kind go out as one statement (:class:`Batcher`), so a
+hundred tasks cost one round trip per step, not a hundred.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+import trio
+
+from engine.db.batcher import Batcher
+from engine.db.bridge import Pool
+from engine.db.sqlfiles import QUERIES
+from engine.errors import DatabaseError
+from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
+
+__all__ = ["EventWriter", "TaskStore"]
+
+log = logging.getLogger(__name__)
+
+_GET = QUERIES["task_get"]
+_GET_MANY = QUERIES["task_get_many"]
+_CLAIM = QUERIES["task_lease_claim_many"]
+_RENEW = QUERIES["task_lease_renew_many"]
+_SUBMITTING = QUERIES["task_mark_submitting_many"]
+_UPSTREAM = QUERIES["task_record_upstream_many"]
+_PHASE = QUERIES["task_set_phase_many"]
+_FINISH = QUERIES["task_finish_many"]
+_REQUEUE = QUERIES["task_requeue_many"]
+_EVENTS = QUERIES["task_event_insert_many"]
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class TaskStore:
+    """Task reads and fenced writes for one process (``owner`` is its instance id)."""
+
+    def __init__(self, pool: Pool, owner: str, *, lease_ttl: float = 60.0) -> None:
+        self.pool = pool
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+        self._get = Batcher(self._get_many)
+        self._claim = Batcher(self._claim_many)
+        self._submitting = Batcher(self._submitting_many)
+        self._upstream = Batcher(self._upstream_many)
+        self._phase = Batcher(self._phase_many)
+        self._finish = Batcher(self._finish_many)
+        self._requeue = Batcher(self._requeue_many)
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    async def get(self, task_id: uuid.UUID) -> Task | None:
+        """The task, or None; concurrent calls share one query."""
+        return await self._get.submit(task_id)
+
+    async def get_now(self, task_id: uuid.UUID) -> Task | None:
+        """The task, read on its own (not batched)."""
+        row = await self.pool.fetchrow(_GET, task_id)
+        return None if row is None else Task.from_record(row)
+
+    async def _get_many(self, ids: list[uuid.UUID]) -> list[Task | None]:
+        rows = await self.pool.fetch(_GET_MANY, list(set(ids)))
+        found = {r["id"]: Task.from_record(r) for r in rows}
+        return [found.get(i) for i in ids]
+
+    # ---- the lease -------------------------------------------------------------------------
+
+    async def claim(self, task_id: uuid.UUID, token: uuid.UUID) -> Task | None:
+        """Take the execution lease with ``token``; the task now running, or None if it was
+        not free (held by a live token, final, not due, or being cancelled)."""
+        return await self._claim.submit((task_id, token))
+
+    async def _claim_many(self, items: list[tuple[uuid.UUID, uuid.UUID]]) -> list[Task | None]:
+        # Two executions of one task in one batch: only the first may try.
+        first: dict[uuid.UUID, uuid.UUID] = {}
+        for task_id, token in items:
+            first.setdefault(task_id, token)
+        rows = await self.pool.fetch(
+            _CLAIM, list(first), list(first.values()), self.owner, self.lease_ttl
+        )
+        claimed = {(r["id"], r["execution_token"]): Task.from_record(r) for r in rows}
+        return [claimed.get(item) for item in items]
+
+    async def renew(self, leases: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> dict[uuid.UUID, bool]:
+        """Extend ``leases`` (id, token); returns {id: cancel requested} for those still held."""
+        if not leases:
+            return {}
+        rows = await self.pool.fetch(
+            _RENEW, [i for i, _ in leases], [t for _, t in leases], self.lease_ttl
+        )
+        return {r["id"]: bool(r["cancel_requested"]) for r in rows}
+
+    # ---- fenced writes ---------------------------------------------------------------------
+
+    async def mark_submitting(self, task_id: uuid.UUID, token: uuid.UUID) -> bool:
+        """Record that the upstream call is about to be made; False if the lease is gone."""
+        return await self._submitting.submit((task_id, token))
+
+    async def _submitting_many(self, items: list[tuple[uuid.UUID, uuid.UUID]]) -> list[bool]:
+        rows = await self.pool.fetch(_SUBMITTING, [i for i, _ in items], [t for _, t in items])
+        held = {r["id"] for r in rows}
+        return [i in held for i, _ in items]
+
+    async def record_upstream(self, task_id: uuid.UUID, token: uuid.UUID, ref: str) -> bool:
+        """Record the upstream reference; False if the lease is gone."""
+        return await self._upstream.submit((task_id, token, ref))
+
+    async def _upstream_many(self, items: list[tuple[uuid.UUID, uuid.UUID, str]]) -> list[bool]:
+        rows = await self.pool.fetch(
+            _UPSTREAM, [i[0] for i in items], [i[1] for i in items], [i[2] for i in items]
+        )
+        held = {r["id"] for r in rows}
+        return [i[0] in held for i in items]
+
+    async def set_phase(
+        self, task_id: uuid.UUID, token: uuid.UUID, phase: TaskPhase, progress: float
+    ) -> bool:
+        """Record the phase (informational); False if the lease is gone."""
+        return await self._phase.submit((task_id, token, phase.value, progress))
+
+    async def _phase_many(self, items: list[tuple[uuid.UUID, uuid.UUID, str, float]]) -> list[bool]:
+        rows = await self.pool.fetch(_PHASE, *map(list, zip(*items, strict=True)))
+        held = {r["id"] for r in rows}
+        return [i[0] in held for i in items]
+
+    async def finish(
+        self,
+        task_id: uuid.UUID,
+        token: uuid.UUID,
+        status: TaskStatus,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record the outcome and release the lease; False if another execution owns the task.
+
+        Runs shielded: the outcome already happened and must be recorded.
+        """
+        with trio.CancelScope(shield=True):
+            return await self._finish.submit((task_id, token, status.value, result, error))
+
+    async def _finish_many(
+        self, items: list[tuple[uuid.UUID, uuid.UUID, str, Any, Any]]
+    ) -> list[bool]:
+        rows = await self.pool.fetch(
+            _FINISH,
+            [i[0] for i in items],
+            [i[1] for i in items],
+            [i[2] for i in items],
+            [_dumps(i[3]) for i in items],
+            [_dumps(i[4]) for i in items],
+        )
+        held = {r["id"] for r in rows}
+        return [i[0] in held for i in items]
+
+    async def requeue(
+        self,
+        task_id: uuid.UUID,
+        token: uuid.UUID,
+        *,
+        delay: float = 0.0,
+        only_before_submission: bool = False,
+    ) -> TaskStatus | None:
+        """Put a running task back to queued (or manual_review if its submission is
+        ambiguous) and release the lease; None if the lease is gone (or, with
+        ``only_before_submission``, the upstream call was already made). Shielded."""
+        with trio.CancelScope(shield=True):
+            return await self._requeue.submit((task_id, token, delay, only_before_submission))
+
+    async def _requeue_many(
+        self, items: list[tuple[uuid.UUID, uuid.UUID, float, bool]]
+    ) -> list[TaskStatus | None]:
+        rows = await self.pool.fetch(_REQUEUE, *map(list, zip(*items, strict=True)))
+        status = {r["id"]: TaskStatus(r["status"]) for r in rows}
+        return [status.get(i[0]) for i in items]
+
+
+class EventWriter:
+    """Buffers task events and appends them in batches (every ``interval`` or ``batch``).
+
+    Events are history, not state: a failed write is retried, and whatever is left at shutdown
+    is written shielded with a deadline, then logged if the database is gone.
+    """
+
+    def __init__(self, pool: Pool, *, interval: float = 0.05, batch: int = 1000) -> None:
+        self.pool = pool
+        self.interval = interval
+        self.batch = batch
+        self._buffer: list[TaskEvent] = []
+        self._wake = trio.Event()
+        self.written = 0
+
+    def emit(self, event: TaskEvent) -> None:
+        """Queue ``event`` (stamped now if it has no time); never blocks."""
+        if event.at is None:
+            event = attrs.evolve(event, at=datetime.now(UTC))
+        self._buffer.append(event)
+        if len(self._buffer) >= self.batch:
+            self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Flush until cancelled, then flush what is left."""
+        task_status.started()
+        try:
+            while True:
+                with trio.move_on_after(self.interval):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                await self.flush()
+        finally:
+            with trio.move_on_after(10.0, shield=True):
+                await self.flush(retry=False)
+
+    async def flush(self, *, retry: bool = True) -> None:
+        """Write every buffered event."""
+        while self._buffer:
+            chunk, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
+            try:
+                await self._write(chunk)
+                self.written += len(chunk)
+            except DatabaseError as exc:
+                self._buffer[:0] = chunk
+                log.warning("task events not written yet", extra={"event": "events_retry",
+                                                                  "error": str(exc)})
+                if not retry:
+                    log.error("task events lost at shutdown",
+                              extra={"event": "events_lost", "count": len(self._buffer)})
+                    self._buffer.clear()
+                return
+
+    async def _write(self, chunk: list[TaskEvent]) -> None:
+        await self.pool.execute(
+            _EVENTS,
+            [e.task_id for e in chunk],
+            [e.type for e in chunk],
+            [e.status for e in chunk],
+            [e.phase for e in chunk],
+            [e.progress for e in chunk],
+            [e.message for e in chunk],
+            [_dumps(e.payload) for e in chunk],
+            [e.simulated for e in chunk],
+            [e.instance_id for e in chunk],
+            [e.at for e in chunk],
+        )
+

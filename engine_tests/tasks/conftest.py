@@ -1,0 +1,61 @@
+"""Fixtures for the task layer: an engine on this test's database, with a test provider."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import pytest
+
+from engine.config import EngineConfig, load_config
+from engine.db.database import DatabaseUrls
+from engine.providers.simulated import SimulatedProvider
+from engine.service.engine import Engine, open_engine
+from engine.tasks.models import Identity, RunMode, TaskRequest
+
+IDENTITY = Identity(tenant_id="t1", user_id="u1", api_key_id="k1")
+
+
+def make_config(**overrides: Any) -> EngineConfig:
+    """A config for tests: fast polling, no migrations (the template is migrated)."""
+    settings = {
+        "database.migrate_on_start": "false",
+        "queue.fetch_poll_interval": "0.2",
+        "queue.completer_tick": "0.01",
+        "worker.stop_timeout": "2",
+        "tasks.lease_ttl": "30",
+        "tasks.lease_renew_interval": "5",
+    }
+    settings.update({k: str(v) for k, v in overrides.items()})
+    return load_config(env={}, overrides=settings)
+
+
+def request(model: str = "sim-model", **kw: Any) -> TaskRequest:
+    """A valid simulation request."""
+    kw.setdefault("payload", {"prompt": "a cat"})
+    kw.setdefault("identity", IDENTITY)
+    kw.setdefault("run_mode", RunMode.SIMULATION)
+    return TaskRequest(model=model, **kw)
+
+
+OpenEngine = Callable[..., AbstractAsyncContextManager[Engine]]
+
+
+@pytest.fixture
+def open_test_engine(db_url: str) -> OpenEngine:
+    """Open an engine on this test's database: ``async with open_test_engine(...) as eng``."""
+
+    def opener(config: EngineConfig | None = None, **kw: Any) -> Any:
+        kw.setdefault("simulated", SimulatedProvider())
+        return open_engine(config or make_config(), urls=DatabaseUrls.single(db_url), **kw)
+
+    return opener
+
+
+@pytest.fixture
+async def eng(open_test_engine: OpenEngine) -> AsyncIterator[Engine]:
+    """An executing engine with one enabled simulated model, ``sim-model``."""
+    async with open_test_engine(max_workers=8) as engine:
+        await engine.set_model("sim-model")
+        yield engine

@@ -1,0 +1,48 @@
+-- Tables engine_model and engine_group: the catalogue operators and submitters read and write.
+
+-- name: model_get
+-- One model by name. $1 name.
+SELECT * FROM engine_model WHERE name = $1;
+
+-- name: model_get_many
+-- Models by name. $1 name[].
+SELECT * FROM engine_model WHERE name = ANY($1::text[]);
+
+-- name: model_list
+-- Every model, by name.
+SELECT * FROM engine_model ORDER BY name;
+
+-- name: model_upsert
+-- Create or change a model. $1 name, $2 enabled, $3 concurrency_limit (NULL = unlimited),
+-- $4 provider, $5 settings JSON text. NOTIFY $6 so capacity refreshes at once.
+WITH upserted AS (
+    INSERT INTO engine_model (name, enabled, concurrency_limit, provider, settings)
+    VALUES ($1, $2, $3, $4, $5::jsonb)
+    ON CONFLICT (name) DO UPDATE
+        SET enabled = EXCLUDED.enabled,
+            concurrency_limit = EXCLUDED.concurrency_limit,
+            provider = EXCLUDED.provider,
+            settings = EXCLUDED.settings,
+            updated_at = now()
+    RETURNING *
+)
+SELECT upserted.*, pg_notify($6, json_build_object('model', $1::text)::text) IS NOT NULL AS notified
+FROM upserted;
+
+-- name: group_list
+-- Every group, by key.
+SELECT * FROM engine_group ORDER BY key;
+
+-- name: group_upsert
+-- Create or change a group. $1 key, $2 enabled, $3 concurrency_limit (NULL = unlimited).
+-- NOTIFY $4 so capacity refreshes at once.
+WITH upserted AS (
+    INSERT INTO engine_group (key, enabled, concurrency_limit) VALUES ($1, $2, $3)
+    ON CONFLICT (key) DO UPDATE
+        SET enabled = EXCLUDED.enabled,
+            concurrency_limit = EXCLUDED.concurrency_limit,
+            updated_at = now()
+    RETURNING *
+)
+SELECT upserted.*, pg_notify($4, json_build_object('group', $1::text)::text) IS NOT NULL AS notified
+FROM upserted;

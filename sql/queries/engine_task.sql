@@ -1,0 +1,187 @@
+-- Table engine_task: tasks and their execution leases. Every write to a running task is fenced
+-- by its execution token, so a stale executor can never overwrite a newer one (§6.11).
+
+-- name: task_insert_many
+-- Store new tasks and their first event (task.queued) in one statement. $1 id[], $2 model[],
+-- $3 group_key[], $4 identity jsonb[] (an object with the identity columns), $5 run_mode[],
+-- $6 payload JSON text[], $7 next_run_at[] (NULL = now), $8 river_job_id[], $9 instance id.
+WITH inserted AS (
+    INSERT INTO engine_task (
+        id, model, group_key, tenant_id, gateway_tenant_id, tenant_key, user_id,
+        gateway_user_id, user_source, user_group_id, api_key_id, api_key_name, api_key_prefix,
+        run_mode, payload, next_run_at, river_job_id
+    )
+    SELECT i.id, i.model, i.group_key,
+           i.identity ->> 'tenant_id', i.identity ->> 'gateway_tenant_id',
+           i.identity ->> 'tenant_key', i.identity ->> 'user_id',
+           i.identity ->> 'gateway_user_id', i.identity ->> 'user_source',
+           i.identity ->> 'user_group_id', i.identity ->> 'api_key_id',
+           i.identity ->> 'api_key_name', i.identity ->> 'api_key_prefix',
+           i.run_mode, i.payload::jsonb, coalesce(i.next_run_at, now()), i.river_job_id
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::text[],
+                $7::timestamptz[], $8::bigint[])
+         AS i(id, model, group_key, identity, run_mode, payload, next_run_at, river_job_id)
+    RETURNING id, run_mode
+),
+events AS (
+    INSERT INTO engine_task_event (task_id, type, status, progress, message, simulated,
+                                   instance_id)
+    SELECT id, 'task.queued', 'queued', 0, 'task submitted', run_mode = 'simulation', $9
+    FROM inserted
+)
+SELECT count(*) FROM inserted;
+
+-- name: task_get
+-- One task by id. $1 id.
+SELECT * FROM engine_task WHERE id = $1;
+
+-- name: task_get_many
+-- Tasks by id (any order). $1 id[].
+SELECT * FROM engine_task WHERE id = ANY($1::uuid[]);
+
+-- name: task_list
+-- Tasks newest first, filtered by optional $1 status, $2 model, $3 tenant_id; at most $4,
+-- created before $5 (NULL = no bound; a cursor for paging).
+SELECT *
+FROM engine_task
+WHERE ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR model = $2)
+  AND ($3::text IS NULL OR tenant_id = $3)
+  AND ($5::timestamptz IS NULL OR created_at < $5)
+ORDER BY created_at DESC
+LIMIT $4;
+
+-- name: task_count_by_status
+-- Task counts per status.
+SELECT status, count(*) AS n FROM engine_task GROUP BY status;
+
+-- name: task_lease_claim_many
+-- Claim execution leases with fresh tokens: only a queued or running task that is due, not
+-- being cancelled, and whose lease is free or expired. $1 id[], $2 token[], $3 owner instance,
+-- $4 lease TTL seconds. Returns the claimed rows, each now running in phase preparing.
+UPDATE engine_task t
+SET status = 'running',
+    phase = 'preparing',
+    progress = 0.1,
+    execution_token = i.token,
+    execution_owner = $3,
+    lease_expires_at = now() + make_interval(secs => $4),
+    attempts = t.attempts + 1,
+    started_at = coalesce(t.started_at, now()),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+WHERE t.id = i.id
+  AND t.status IN ('queued', 'running')
+  AND t.next_run_at <= now()
+  AND t.cancel_requested_at IS NULL
+  AND (t.execution_token IS NULL OR t.lease_expires_at < now())
+RETURNING t.*;
+
+-- name: task_lease_renew_many
+-- Extend leases still held. $1 id[], $2 token[], $3 TTL seconds. Returns the ids renewed and
+-- whether a cancel was requested; a missing id means the lease was lost.
+UPDATE engine_task t
+SET lease_expires_at = now() + make_interval(secs => $3)
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel_requested;
+
+-- name: task_mark_submitting_many
+-- Record that the upstream call is about to be made (before it is made). $1 id[], $2 token[].
+-- Returns the ids still held.
+UPDATE engine_task t
+SET submitted_at = now(), phase = 'waiting_upstream', progress = 0.3, updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_record_upstream_many
+-- Record the upstream reference the provider returned. $1 id[], $2 token[], $3 ref[].
+-- Returns the ids still held.
+UPDATE engine_task t
+SET upstream_ref = i.ref, progress = 0.4, updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref)
+WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_set_phase_many
+-- Record phase and progress of running tasks (informational). $1 id[], $2 token[], $3 phase[],
+-- $4 progress[].
+UPDATE engine_task t
+SET phase = i.phase, progress = i.progress, updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[]) AS i(id, token, phase, progress)
+WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_finish_many
+-- Record outcomes and release leases. $1 id[], $2 token[], $3 status[] (succeeded, failed,
+-- cancelled, manual_review), $4 result JSON text[], $5 error JSON text[]. Returns the ids
+-- changed; a missing id means another execution owns the task now.
+UPDATE engine_task t
+SET status = i.status,
+    phase = NULL,
+    progress = CASE WHEN i.status = 'succeeded' THEN 1 ELSE t.progress END,
+    result = i.result::jsonb,
+    error = i.error::jsonb,
+    execution_token = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[])
+     AS i(id, token, status, result, error)
+WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_requeue_many
+-- Put running tasks back to queued and release their leases, keeping an upstream reference so
+-- the next run resumes polling instead of submitting again (§6.9, §6.10). A task whose upstream
+-- call started but left no reference is ambiguous: it goes to manual_review instead.
+-- $1 id[], $2 token[], $3 delay seconds[], $4 only_before_submission[] (the lock-timeout path:
+-- requeue only if nothing was sent upstream). Returns id and the status now.
+UPDATE engine_task t
+SET status = CASE
+        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+        ELSE 'queued'
+    END,
+    finished_at = CASE
+        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+    END,
+    phase = NULL,
+    execution_token = NULL,
+    execution_owner = NULL,
+    lease_expires_at = NULL,
+    next_run_at = now() + make_interval(secs => i.delay),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[], $3::float8[], $4::boolean[])
+     AS i(id, token, delay, only_before)
+WHERE t.id = i.id
+  AND t.execution_token = i.token
+  AND t.status = 'running'
+  AND (NOT i.only_before OR t.submitted_at IS NULL)
+RETURNING t.id, t.status;
+
+-- name: task_cancel_queued
+-- Cancel a task that is not running yet, at once. $1 id. Returns the row when cancelled.
+UPDATE engine_task
+SET status = 'cancelled', finished_at = now(), updated_at = now(), cancel_requested_at = now(),
+    error = '{"code": "cancelled", "message": "cancelled before it ran"}'
+WHERE id = $1 AND status = 'queued'
+RETURNING *;
+
+-- name: task_request_cancel
+-- Ask the execution of a running task to stop; its owner is told through NOTIFY $2.
+-- $1 id. Returns the row when the request was recorded.
+WITH requested AS (
+    UPDATE engine_task
+    SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
+    WHERE id = $1 AND status = 'running'
+    RETURNING *
+)
+SELECT requested.*, pg_notify($2, requested.id::text) IS NOT NULL AS notified FROM requested;
+
+-- name: task_set_job_many
+-- Point tasks at their live job (after an enqueue found or made one). $1 id[], $2 job id[].
+UPDATE engine_task t
+SET river_job_id = i.job_id, updated_at = now()
+FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id)
+WHERE t.id = i.id AND t.river_job_id IS DISTINCT FROM i.job_id;
