@@ -389,6 +389,9 @@ _REASONS: Final = {
     503: "Service Unavailable",
 }
 _TEXT: Final = "text/plain; charset=utf-8"
+# How long, and how much, we read after a response before closing (see _serve_one).
+_LINGER_SECONDS: Final = 1.0
+_LINGER_BYTES: Final = 1 << 16
 
 
 class _Response:
@@ -521,21 +524,25 @@ class MetricsServer:
         response = await self._read_request(stream)
         if response is None:
             return
-        with trio.move_on_after(self.write_timeout):
-            try:
+        try:
+            with trio.move_on_after(self.write_timeout) as sending:
                 await stream.send_all(response.encode())
-                # Lingering close: shut our side, then drain what the client is still sending
-                # (an oversized request) so the kernel does not reset the connection and
-                # discard the response before the client has read it.
-                await stream.send_eof()
+            if sending.cancelled_caught:
+                return
+            # Lingering close: shut our side, then drain what the client is still sending (an
+            # oversized request) so the kernel does not reset the connection and discard the
+            # response before the client has read it. Bounded, so a client that ignores
+            # "Connection: close" cannot hold a slot for long.
+            await stream.send_eof()
+            with trio.move_on_after(_LINGER_SECONDS):
                 drained = 0
-                while drained < 1 << 16:
+                while drained < _LINGER_BYTES:
                     data = await stream.receive_some(4096)
                     if not data:
                         break
                     drained += len(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
     async def _read_request(self, stream: trio.SocketStream) -> _Response | None:
         """The response to the client's request, or ``None`` if there is nobody to answer."""

@@ -263,7 +263,7 @@ class Ready:
 async def served() -> AsyncIterator[tuple[int, Metrics, Ready, MetricsServer]]:
     metrics = Metrics()
     ready = Ready()
-    server = MetricsServer(metrics, host="127.0.0.1", port=0, ready=ready, read_timeout=0.3)
+    server = MetricsServer(metrics, host="127.0.0.1", port=0, ready=ready, read_timeout=1.0)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.run)
         assert port == server.bound_port and port > 0
@@ -343,7 +343,7 @@ async def test_http_silent_client_times_out_without_blocking_others(
 
 
 async def test_http_sheds_connections_over_the_limit() -> None:
-    server = MetricsServer(lambda: b"x 1\n", port=0, read_timeout=0.3, max_connections=1)
+    server = MetricsServer(lambda: b"x 1\n", port=0, read_timeout=1.0, max_connections=1)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.run)
         with trio.fail_after(5):

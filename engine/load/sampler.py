@@ -161,6 +161,9 @@ class CgroupPaths:
                 membership.append((parts[0], parts[1].split(",") if parts[1] else [], parts[2]))
 
         def inside(mount: Path, path: str) -> Path:
+            # A cgroup outside our namespace shows as "/../x": not ours to read, use the mount.
+            if ".." in Path(path).parts:
+                return mount
             candidate = mount / path.lstrip("/")
             return candidate if candidate.is_dir() else mount
 
@@ -482,19 +485,28 @@ class LoadSamplerService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sample forever; ``task_status.started()`` after the first attempt.
 
-        A failing sample is logged and skipped; the loop goes on. The start is signalled even if
-        the first sample fails, so a broken ``/proc`` cannot keep the engine from starting (the
-        controller then stays at its last state, ``normal`` at first). Samples keep a steady
-        period; ticks missed while the event loop was blocked are dropped, not bunched up.
+        A failing sample is skipped and the loop goes on; the first failure of a run is logged
+        with its traceback, and the recovery once. The start is signalled even if the first
+        sample fails, so a broken ``/proc`` cannot keep the engine from starting (the controller
+        then stays at its last state, ``normal`` at first). Samples keep a steady period; ticks
+        missed while the event loop was blocked are dropped, not bunched up.
         """
         deadline = trio.current_time()
         started = False
+        failing = False
         while True:
             try:
                 self.sample_now()
             except Exception:
                 self.failures += 1
-                log.exception("load sample failed", extra={"event": "load_sample_failed"})
+                if not failing:
+                    # Once per run of failures: a broken source would otherwise log every tick.
+                    log.exception("load sample failed", extra={"event": "load_sample_failed"})
+                failing = True
+            else:
+                if failing:
+                    log.info("load sampling recovered", extra={"event": "load_sample_recovered"})
+                failing = False
             if not started:
                 task_status.started()
                 started = True

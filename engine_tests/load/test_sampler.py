@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -209,6 +210,16 @@ def test_namespaced_cgroup_path_falls_back_to_the_mount_root(tree: Tree) -> None
     assert sampler.memory_limit() == GIB
 
 
+def test_cgroup_outside_the_namespace_uses_the_mount_root(tree: Tree) -> None:
+    tree.write("cgroup.controllers", "memory\n")
+    tree.proc_file("self/cgroup", "0::/../sibling\n")
+    tree.write("memory.max", f"{GIB}\n")
+    (tree.cgroup.parent / "sibling").mkdir()  # exists, but is not ours
+    sampler = tree.sampler(FakeClock(), FakeCpu())
+    assert sampler.cgroups.v2 == tree.cgroup
+    assert sampler.memory_limit() == GIB
+
+
 def test_v1_limits_and_usage(tree: Tree) -> None:
     tree.host(rss_pages=1)
     tree.proc_file(
@@ -392,6 +403,23 @@ async def test_service_starts_even_if_the_first_sample_fails(
         assert sampler.calls[-1] == (0, 0)  # no connection source: unknown
         assert service.latest.sampled_at is not None
         nursery.cancel_scope.cancel()
+
+
+async def test_service_logs_a_run_of_failures_once(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    controller = LoadController("observe", 4, clock=TrioClock())
+    boom = RuntimeError("boom")
+    sampler = ScriptedSampler([boom, boom, boom, 0.1, boom])
+    service = LoadSamplerService(controller, sampler, interval=1.0)
+    with caplog.at_level(logging.INFO, logger="engine.load.sampler"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await sampler.wait_calls(5)
+            nursery.cancel_scope.cancel()
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events == ["load_sample_failed", "load_sample_recovered", "load_sample_failed"]
+    assert (service.samples, service.failures) == (1, 4)
 
 
 def test_sample_now_is_sample_worker_load() -> None:

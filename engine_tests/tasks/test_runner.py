@@ -1,0 +1,315 @@
+"""The worker's decision table (§5.2), row by row, on a real database; fencing; cancel."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+
+from engine.db.bridge import connect
+from engine.errors import DatabaseError
+from engine.load.controller import LoadController
+from engine.load.retry_delay import worker_load_retry_delay
+from engine.providers.base import PollResult
+from engine.providers.simulated import SimulatedProvider
+from engine.queue.job import Job, JobSnooze
+from engine.service.engine import Engine
+from engine.tasks.models import Task, TaskStatus
+from engine.tasks.runner import TaskRunArgs
+from engine_tests.tasks.conftest import OpenEngine, make_config, request
+
+
+class GatedProvider(SimulatedProvider):
+    """A simulated provider whose steps can be held open by the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepare_gate: trio.Event | None = None
+        self.poll_gate: trio.Event | None = None
+        self.in_prepare = trio.Event()
+        self.in_poll = trio.Event()
+        self.prepare_error: BaseException | None = None
+
+    async def prepare(self, task: Task) -> Any:
+        self.in_prepare.set()
+        if self.prepare_gate is not None:
+            await self.prepare_gate.wait()
+        if self.prepare_error is not None:
+            raise self.prepare_error
+        return await super().prepare(task)
+
+    async def poll(self, task: Task, upstream_ref: str) -> PollResult:
+        self.in_poll.set()
+        if self.poll_gate is not None:
+            await self.poll_gate.wait()
+        return await super().poll(task, upstream_ref)
+
+
+@pytest.fixture
+async def idle(open_test_engine: OpenEngine) -> AsyncIterator[Engine]:
+    """An engine that executes nothing by itself: the test calls the runner directly."""
+    async with open_test_engine(execute=False, simulated=GatedProvider()) as engine:
+        await engine.set_model("sim-model")
+        yield engine
+
+
+def sim(eng: Engine) -> GatedProvider:
+    provider = eng.simulated
+    assert isinstance(provider, GatedProvider)
+    return provider
+
+
+async def job_of(eng: Engine, task_id: uuid.UUID) -> Job:
+    task = await eng.get(task_id)
+    assert task is not None and task.river_job_id is not None
+    job = await eng.queue.get(task.river_job_id)
+    assert job is not None
+    return job
+
+
+async def work(eng: Engine, task_id: uuid.UUID) -> None:
+    await eng.runner.work(await job_of(eng, task_id), TaskRunArgs(str(task_id)))
+
+
+async def status(eng: Engine, task_id: uuid.UUID) -> Task:
+    task = await eng.get(task_id)
+    assert task is not None
+    return task
+
+
+async def test_row_1_read_error_is_raised_for_a_retry(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    job = await job_of(idle, task_id)
+    await idle.db.tasks.execute("ALTER TABLE engine_task RENAME TO engine_task_moved")
+    try:
+        with pytest.raises(DatabaseError, match="engine_task"):
+            await idle.runner.work(job, TaskRunArgs(str(task_id)))
+    finally:
+        await idle.db.tasks.execute("ALTER TABLE engine_task_moved RENAME TO engine_task")
+
+
+async def test_missing_task_completes_its_job(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    job = await job_of(idle, task_id)
+    await idle.db.tasks.execute("DELETE FROM engine_task")
+    await idle.runner.work(job, TaskRunArgs(str(task_id)))  # returns: the job completes
+    assert sim(idle).submissions == {}
+
+
+@pytest.mark.parametrize("final", ["succeeded", "failed", "cancelled"])
+async def test_row_2_final_task_completes_without_running(idle: Engine, final: str) -> None:
+    task_id = await idle.submit(request())
+    await idle.db.tasks.execute(
+        "UPDATE engine_task SET status = $2, finished_at = now() WHERE id = $1", task_id, final
+    )
+    await work(idle, task_id)
+    assert sim(idle).submissions == {}
+    assert (await status(idle, task_id)).status.value == final
+
+
+async def test_row_3_load_refusal_snoozes_with_the_hashed_delay(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    idle.runner.load = LoadController(mode="legacy", claim_limit=0)
+    with pytest.raises(JobSnooze) as snooze:
+        await work(idle, task_id)
+    assert snooze.value.seconds == worker_load_retry_delay(str(task_id))
+    assert 0.25 <= snooze.value.seconds <= 0.75
+    assert (await status(idle, task_id)).status is TaskStatus.QUEUED
+
+
+async def test_rows_4_5_run_with_a_fresh_token_to_success(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    await work(idle, task_id)
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.SUCCEEDED and task.attempts == 1
+    assert task.execution_token is None and task.execution_owner == idle.instance_id
+
+
+async def test_row_6_lease_held_by_a_live_token_completes(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    other = uuid.uuid4()
+    await idle.db.tasks.execute(
+        "UPDATE engine_task SET status = 'running', execution_token = $2,"
+        " lease_expires_at = now() + interval '1 hour' WHERE id = $1",
+        task_id,
+        other,
+    )
+    await work(idle, task_id)
+    task = await status(idle, task_id)
+    assert task.execution_token == other and task.status is TaskStatus.RUNNING
+    assert sim(idle).submissions == {}
+
+
+async def test_row_7_ambiguous_submission_goes_to_manual_review(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    # A previous execution marked the submission and died before recording the reference.
+    await idle.db.tasks.execute(
+        "UPDATE engine_task SET status = 'running', execution_token = gen_random_uuid(),"
+        " lease_expires_at = now() - interval '1 second', submitted_at = now() WHERE id = $1",
+        task_id,
+    )
+    await work(idle, task_id)
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.MANUAL_REVIEW
+    assert task.error["code"] == "ambiguous_submission"
+    assert sim(idle).submissions == {}
+
+
+async def test_row_7_a_submission_the_provider_calls_ambiguous(open_test_engine: OpenEngine) -> None:
+    from engine.providers.simulated import SimulationConfig
+
+    provider = SimulatedProvider(SimulationConfig(ambiguous_rate=1.0))
+    async with open_test_engine(simulated=provider) as eng:
+        await eng.set_model("sim-model")
+        task = await eng.wait(await eng.submit(request()), timeout=10)
+    assert task.status is TaskStatus.MANUAL_REVIEW
+    assert sum(provider.submissions.values()) == 1
+
+
+async def test_row_8_task_queued_with_a_delay_snoozes(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    await idle.db.tasks.execute(
+        "UPDATE engine_task SET next_run_at = now() + interval '30 seconds' WHERE id = $1",
+        task_id,
+    )
+    with pytest.raises(JobSnooze) as snooze:
+        await work(idle, task_id)
+    assert 28 < snooze.value.seconds <= 30
+    assert (await status(idle, task_id)).status is TaskStatus.QUEUED
+
+
+async def test_row_9_hard_stop_requeues_the_task_and_keeps_its_upstream_ref(
+    idle: Engine,
+) -> None:
+    task_id = await idle.submit(request())
+    sim(idle).poll_gate = trio.Event()  # never set: the task waits upstream
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work, idle, task_id)
+            with trio.fail_after(5):
+                await sim(idle).in_poll.wait()
+            scope.cancel()
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.QUEUED and task.execution_token is None
+    assert task.upstream_ref is not None  # the next run resumes polling
+    sim(idle).poll_gate = None
+    await work(idle, task_id)
+    assert (await status(idle, task_id)).status is TaskStatus.SUCCEEDED
+    assert sim(idle).submissions[task_id] == 1
+
+
+async def test_row_10_real_lock_timeout_before_submission_requeues(
+    open_test_engine: OpenEngine, db_url: str
+) -> None:
+    config = make_config(**{"database.lock_timeout": "0.2"})
+    async with open_test_engine(config, execute=False, simulated=GatedProvider()) as eng:
+        await eng.set_model("sim-model")
+        task_id = await eng.submit(request())
+        locker = await connect(db_url)
+        release = trio.Event()
+        original_requeue = eng.store.requeue
+
+        async def requeue(*a: Any, **k: Any) -> Any:
+            release.set()  # the 55P03 happened; let the requeue through
+            with trio.fail_after(5):
+                while locker.raw.is_in_transaction():
+                    await trio.sleep(0.01)
+            return await original_requeue(*a, **k)
+
+        eng.store.requeue = requeue  # type: ignore[method-assign]
+
+        async def hold_lock_during_prepare() -> None:
+            await sim(eng).in_prepare.wait()
+            async with locker.transaction():
+                await locker.execute("SELECT 1 FROM engine_task WHERE id = $1 FOR UPDATE", task_id)
+                sim(eng).prepare_gate.set()  # type: ignore[union-attr]
+                await release.wait()
+
+        sim(eng).prepare_gate = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_lock_during_prepare)
+            with pytest.raises(JobSnooze) as snooze:
+                await work(eng, task_id)
+        await locker.close()
+        assert snooze.value.seconds == 1.0
+        task = await status(eng, task_id)
+        assert task.status is TaskStatus.QUEUED and task.submitted_at is None
+        assert sim(eng).submissions == {}
+        with trio.fail_after(5):
+            while not [e for e in await eng.events(task_id) if e.phase == "database_lock_timeout"]:
+                await trio.sleep(0.02)
+        (event,) = [e for e in await eng.events(task_id) if e.phase == "database_lock_timeout"]
+        assert event.payload == {"code": "database_lock_timeout"}
+        assert event.message == "async task queued after database lock timeout"
+
+
+async def test_row_11_anything_else_fails_the_task_and_completes(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    sim(idle).prepare_error = RuntimeError("provider bug")
+    await work(idle, task_id)  # returns: the job completes
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.FAILED
+    assert task.error == {"code": "internal_error", "message": "provider bug"}
+
+
+async def test_a_stale_executors_writes_are_rejected(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    store = idle.store
+    old, new = uuid.uuid4(), uuid.uuid4()
+    assert await store.claim(task_id, old) is not None
+    assert await store.claim(task_id, new) is None  # held by a live token
+    await idle.db.tasks.execute(
+        "UPDATE engine_task SET lease_expires_at = now() - interval '1 s' WHERE id = $1", task_id
+    )
+    assert await store.claim(task_id, new) is not None  # the lease expired: taken over
+    assert not await store.mark_submitting(task_id, old)
+    assert not await store.record_upstream(task_id, old, "ref-old")
+    assert not await store.finish(task_id, old, TaskStatus.SUCCEEDED)
+    assert await store.requeue(task_id, old) is None
+    task = await status(idle, task_id)
+    assert task.execution_token == new and task.upstream_ref is None
+    assert task.status is TaskStatus.RUNNING
+    assert await store.finish(task_id, new, TaskStatus.SUCCEEDED, result={"ok": 1})
+
+
+async def test_a_stale_execution_stops_when_its_lease_is_taken_over(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    sim(idle).prepare_gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(work, idle, task_id)
+        with trio.fail_after(5):
+            await sim(idle).in_prepare.wait()
+        # Another execution takes the task over after the lease expired.
+        await idle.db.tasks.execute(
+            "UPDATE engine_task SET execution_token = gen_random_uuid() WHERE id = $1", task_id
+        )
+        sim(idle).prepare_gate.set()
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.RUNNING and task.submitted_at is None
+    assert sim(idle).submissions == {}  # the stale execution never reached the upstream
+
+
+async def test_cancel_of_a_queued_task_is_immediate(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    task = await idle.cancel(task_id)
+    assert task.status is TaskStatus.CANCELLED
+    job = await idle.queue.get(task.river_job_id)  # type: ignore[arg-type]
+    assert job is not None and job.state.value == "cancelled"
+    await work(idle, task_id)
+    assert sim(idle).submissions == {}
+
+
+async def test_cancel_of_a_running_task_reaches_the_provider(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    sim(idle).poll_gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(work, idle, task_id)
+        with trio.fail_after(5):
+            await sim(idle).in_poll.wait()
+        await idle.cancel(task_id)
+    task = await idle.wait(task_id, timeout=5)
+    assert task.status is TaskStatus.CANCELLED
+    assert task_id in sim(idle).cancelled
