@@ -21,17 +21,18 @@ from typing import Final, Protocol
 
 import trio
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    exposition,
     generate_latest,
 )
 
 from engine.load.controller import LoadSnapshot, PressureState
 
 __all__ = [
+    "CONTENT_TYPE",
     "JOB_STATES",
     "PRESSURE_STATES",
     "RESIZE_OUTCOMES",
@@ -41,6 +42,18 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+CONTENT_TYPE: Final[str] = getattr(
+    exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST
+)
+"""The content type of :meth:`Metrics.render`'s output: Prometheus text format 0.0.4.
+
+``generate_latest`` writes the 0.0.4 text format. Since prometheus_client 0.22
+``CONTENT_TYPE_LATEST`` announces ``version=1.0.0`` (a format that differs only in how non-legacy
+names are escaped, which needs Accept negotiation); the library's own HTTP server answers an
+un-negotiated scrape with the 0.0.4 type, and so do we. On older versions ``CONTENT_TYPE_LATEST``
+is the 0.0.4 type.
+"""
 
 RESIZE_OUTCOMES: Final = ("refresh_failed", "create_failed", "start_failed", "success")
 """Outcomes of ``ObserveAsyncWorkerResize`` (§5.4, §5.10)."""
@@ -372,7 +385,7 @@ class Metrics:
     # --- exposition ------------------------------------------------------------------------
 
     def render(self) -> bytes:
-        """The registry in Prometheus text format 0.0.4 (:data:`CONTENT_TYPE_LATEST`)."""
+        """The registry in Prometheus text format 0.0.4 (:data:`CONTENT_TYPE`)."""
         return bytes(generate_latest(self.registry))
 
 
@@ -605,7 +618,7 @@ class MetricsServer:
         except Exception:
             log.exception("metrics rendering failed", extra={"event": "metrics_render_failed"})
             return _Response(500, b"metrics rendering failed\n")
-        return _Response(200, body, content_type=CONTENT_TYPE_LATEST)
+        return _Response(200, body, content_type=CONTENT_TYPE)
 
     def _readiness(self) -> _Response:
         """200 ``ready`` or 503 ``not ready``; a failing check counts as not ready."""

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import attrs
 import pytest
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+from prometheus_client import REGISTRY
 
 from engine.load.controller import LoadSnapshot, PressureState
-from engine.metrics import JOB_STATES, RESIZE_OUTCOMES, Metrics, MetricsServer
+from engine.metrics import CONTENT_TYPE, JOB_STATES, RESIZE_OUTCOMES, Metrics, MetricsServer
 
 ALL_NAMES = [
     "engine_async_worker_capacity",
@@ -276,7 +276,8 @@ async def test_http_metrics(served: tuple[int, Metrics, Ready, MetricsServer]) -
     metrics.observe_resize("success")
     reply = await exchange(port, get("/metrics"))
     assert reply.status == 200
-    assert reply.headers["content-type"] == CONTENT_TYPE_LATEST
+    assert reply.headers["content-type"] == CONTENT_TYPE
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
     assert reply.body == metrics.render()
     text = reply.body.decode()
     assert 'engine_async_worker_resize_total{outcome="success"} 1.0' in text

@@ -30,8 +30,13 @@ class Scenario:
 def _scenarios() -> dict[str, Scenario]:
     from engine.bench.queue import TARGETS as QUEUE_TARGETS
     from engine.bench.queue import run_queue_bench
+    from engine.bench.tasks import TARGETS as TASK_TARGETS
+    from engine.bench.tasks import run_tasks_bench
 
-    found = [Scenario("queue", run_queue_bench, QUEUE_TARGETS)]
+    found = [
+        Scenario("queue", run_queue_bench, QUEUE_TARGETS),
+        Scenario("tasks", run_tasks_bench, TASK_TARGETS),
+    ]
     return {s.name: s for s in found}
 
 

@@ -83,9 +83,7 @@ class Batcher(Generic[I, R]):
             with trio.fail_after(self.timeout):
                 results = await self._run_batch([s.item for s in batch])
             if len(results) != len(batch):
-                raise RuntimeError(
-                    f"batch returned {len(results)} results for {len(batch)} items"
-                )
+                raise RuntimeError(f"batch returned {len(results)} results for {len(batch)} items")
             for slot, result in zip(batch, results, strict=True):
                 slot.result = result
         except Exception as exc:

@@ -36,6 +36,7 @@ from engine.errors import (
 __all__ = [
     "RELEASE_TIMEOUT",
     "Connection",
+    "Counters",
     "Pool",
     "Record",
     "asyncio_loop",
@@ -103,6 +104,13 @@ def map_error(exc: BaseException) -> DatabaseError:
     return err
 
 
+class Counters:
+    """Process-wide counts of what crossed the bridge (benchmarks report them)."""
+
+    statements = 0
+    """Statements sent through :class:`Connection` (and the :class:`Pool` shortcuts)."""
+
+
 async def call(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
     """Await asyncio callable ``fn`` from trio, with asyncpg errors mapped to engine's tree."""
     try:
@@ -150,28 +158,34 @@ class Connection:
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         """Run a statement; return its status tag (``UPDATE 3``)."""
+        Counters.statements += 1
         return await call(self.raw.execute, query, *args, timeout=timeout)
 
     async def executemany(self, query: str, args: Sequence[Sequence[Any]]) -> None:
         """Run a statement once per argument tuple, in one round trip pipeline."""
+        Counters.statements += 1
         await call(self.raw.executemany, query, args)
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Record]:
         """Run a query and return every row."""
+        Counters.statements += 1
         return await call(self.raw.fetch, query, *args, timeout=timeout)
 
     async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Record | None:
         """Run a query and return its first row, or None."""
+        Counters.statements += 1
         return await call(self.raw.fetchrow, query, *args, timeout=timeout)
 
     async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> Any:
         """Run a query and return the first column of its first row."""
+        Counters.statements += 1
         return await call(self.raw.fetchval, query, *args, timeout=timeout)
 
     async def copy_records(
         self, table: str, records: Sequence[Sequence[Any]], columns: Sequence[str]
     ) -> str:
         """COPY ``records`` into ``table``: the fastest bulk insert Postgres offers."""
+        Counters.statements += 1
         return await call(
             self.raw.copy_records_to_table, table, records=records, columns=list(columns)
         )

@@ -31,7 +31,7 @@ class ProviderError(Exception):
         self.code = code
 
 
-class AmbiguousSubmission(Exception):  # noqa: N818 - it is an outcome, not a bug
+class AmbiguousSubmission(Exception):
     """The submission may or may not have reached the upstream (e.g. the response was lost).
 
     The task goes to manual review: submitting again could run it twice upstream.

@@ -136,4 +136,3 @@ class SimulatedProvider:
         """Forget the request."""
         self.cancelled.add(task.id)
         self._polls.pop(upstream_ref, None)
-

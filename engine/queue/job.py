@@ -8,7 +8,7 @@ inserting with ``UniqueOpts(by_args=True)``, as River's ``river:"unique"`` struc
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -77,6 +77,10 @@ def _validate_tags(_inst: object, _attr: object, value: tuple[str, ...]) -> None
             )
 
 
+def _to_tags(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 def _validate_priority(_inst: object, _attr: object, value: int) -> None:
     if not 1 <= value <= 4:
         raise ValueError(f"priority must be 1..4 (1 is the highest), got {value}")
@@ -96,7 +100,7 @@ class InsertOpts:
     scheduled_at: datetime | None = None
     """Run at this time. Any value makes the job ``scheduled``, even a past one (§4.1.2)."""
     max_attempts: int = attrs.field(default=25, validator=_validate_max_attempts)
-    tags: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_validate_tags)
+    tags: tuple[str, ...] = attrs.field(default=(), converter=_to_tags, validator=_validate_tags)
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     unique: UniqueOpts | None = None
     pending: bool = False

@@ -15,6 +15,7 @@ siblings; leaving the block stops executions (draining, then cancelling after
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -146,7 +147,7 @@ class Engine:
                 finally:
                     self.notices.forget(task_id, event)
 
-    async def list(
+    async def list_tasks(
         self,
         *,
         status: TaskStatus | None = None,
@@ -171,9 +172,16 @@ class Engine:
         rows = await self.db.tasks.fetch(_EVENTS, task_id)
         return [
             TaskEvent(
-                task_id=r["task_id"], type=r["type"], status=r["status"], phase=r["phase"],
-                progress=r["progress"], message=r["message"], payload=r["payload"],
-                simulated=r["simulated"], instance_id=r["instance_id"], at=r["at"],
+                task_id=r["task_id"],
+                type=r["type"],
+                status=r["status"],
+                phase=r["phase"],
+                progress=r["progress"],
+                message=r["message"],
+                payload=r["payload"],
+                simulated=r["simulated"],
+                instance_id=r["instance_id"],
+                at=r["at"],
             )
             for r in rows
         ]
@@ -196,10 +204,10 @@ class Engine:
         requested = await self.db.tasks.fetchrow(_REQUEST_CANCEL, task_id, CANCEL_CHANNEL)
         if requested is not None:
             self.keeper.cancel(task_id)
-        task = await self.get(task_id)
-        if task is None:
+        current = await self.get(task_id)
+        if current is None:
             raise TaskNotFound(f"no task {task_id}")
-        return task
+        return current
 
     async def set_model(
         self,
@@ -211,11 +219,14 @@ class Engine:
         settings: Mapping[str, Any] | None = None,
     ) -> None:
         """Create or change a model in the catalogue."""
-        import json
-
         await self.db.coordination.fetchrow(
-            _MODEL_UPSERT, name, enabled, concurrency_limit, provider,
-            json.dumps(dict(settings or {})), CATALOG_CHANNEL,
+            _MODEL_UPSERT,
+            name,
+            enabled,
+            concurrency_limit,
+            provider,
+            json.dumps(dict(settings or {})),
+            CATALOG_CHANNEL,
         )
 
     async def set_group(
@@ -277,8 +288,13 @@ async def open_engine(
         keeper = LeaseKeeper(store, config.tasks.lease_renew_interval)
         sim = simulated or SimulatedProvider()
         runner = TaskRunner(
-            store, events, keeper, dict(providers or {}), simulated=sim,
-            instance_id=instance_id, load=load,
+            store,
+            events,
+            keeper,
+            dict(providers or {}),
+            simulated=sim,
+            instance_id=instance_id,
+            load=load,
             lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
         )
         notices = TaskNotices(db.tasks.dsn, keeper.cancel)

@@ -53,7 +53,7 @@ class TaskRunArgs:
     task_id: str = attrs.field(metadata={"unique": True})
 
 
-class TaskQueued(Exception):  # noqa: N818 - the reference's TaskQueuedError
+class TaskQueued(Exception):
     """The task must run later; the job snoozes for ``delay`` seconds (§5.2 #8)."""
 
     def __init__(self, delay: float) -> None:
@@ -114,8 +114,9 @@ class LeaseKeeper:
             try:
                 await self.run_once()
             except Exception as exc:
-                log.warning("lease renewal failed", extra={"event": "lease_renew_failed",
-                                                           "error": str(exc)})
+                log.warning(
+                    "lease renewal failed", extra={"event": "lease_renew_failed", "error": str(exc)}
+                )
 
 
 class TaskRunner:
@@ -149,15 +150,22 @@ class TaskRunner:
             return self.simulated
         provider = self.providers.get(task.model)
         if provider is None:
-            raise ProviderError(f"no provider is registered for model {task.model!r}",
-                                code="no_provider")
+            raise ProviderError(
+                f"no provider is registered for model {task.model!r}", code="no_provider"
+            )
         return provider
 
     def emit(self, task: Task, type_: str, **fields: Any) -> None:
         """Append an event to ``task``'s history (buffered)."""
         self.events.emit(
-            TaskEvent(task.id, type_, simulated=task.simulated, instance_id=self.instance_id,
-                      **fields)
+            TaskEvent(
+                task.id,
+                type_,
+                simulated=task.simulated,
+                instance_id=self.instance_id,
+                at=datetime.now(UTC),
+                **fields,
+            )
         )
 
     # ---- the decision table -----------------------------------------------------------------
@@ -167,8 +175,10 @@ class TaskRunner:
         task_id = uuid.UUID(args.task_id)
         task = await self.store.get(task_id)  # 1: an error here is retried
         if task is None:
-            log.warning("task job for a missing task; completing it",
-                        extra={"event": "task_missing", "task_id": str(task_id), "job_id": job.id})
+            log.warning(
+                "task job for a missing task; completing it",
+                extra={"event": "task_missing", "task_id": str(task_id), "job_id": job.id},
+            )
             return
         if task.is_final:  # 2
             return
@@ -183,8 +193,10 @@ class TaskRunner:
         except LeaseUnavailable:  # 6
             return
         except ManualReview:  # 7
-            log.warning("moved to manual review after ambiguous upstream submission",
-                        extra={"event": "task_manual_review", "task_id": str(task_id)})
+            log.warning(
+                "moved to manual review after ambiguous upstream submission",
+                extra={"event": "task_manual_review", "task_id": str(task_id)},
+            )
             return
         except TaskQueued as queued:  # 8
             raise JobSnooze(queued.delay) from None
@@ -193,11 +205,19 @@ class TaskRunner:
                 task_id, token, delay=self.lock_timeout_delay, only_before_submission=True
             )
             if status is TaskStatus.QUEUED:
-                self.emit(task, "task.queued", status="queued", phase="database_lock_timeout",
-                          progress=0.2, message="async task queued after database lock timeout",
-                          payload={"code": "database_lock_timeout"})
-                log.warning("task requeued after a database lock timeout",
-                            extra={"event": "task_lock_timeout", "task_id": str(task_id)})
+                self.emit(
+                    task,
+                    "task.queued",
+                    status="queued",
+                    phase="database_lock_timeout",
+                    progress=0.2,
+                    message="async task queued after database lock timeout",
+                    payload={"code": "database_lock_timeout"},
+                )
+                log.warning(
+                    "task requeued after a database lock timeout",
+                    extra={"event": "task_lock_timeout", "task_id": str(task_id)},
+                )
                 raise JobSnooze(self.lock_timeout_delay) from None
             await self._fail(task, token, exc)  # 10 → 11
         except Exception as exc:  # 11
@@ -205,20 +225,22 @@ class TaskRunner:
         except BaseException:  # 9: a hard stop; requeue so another worker takes it at once
             status = await self.store.requeue(task_id, token)
             if status is not None:
-                self.emit(task, "task.requeued", status=status.value,
-                          message="interrupted by shutdown")
+                self.emit(
+                    task, "task.requeued", status=status.value, message="interrupted by shutdown"
+                )
             raise
         finally:
             if lease is not None:
                 lease.release()
 
     async def _fail(self, task: Task, token: uuid.UUID, exc: BaseException) -> None:
-        log.warning("river async task completed with failure",
-                    extra={"event": "task_failed", "task_id": str(task.id), "error": repr(exc)})
+        log.warning(
+            "river async task completed with failure",
+            extra={"event": "task_failed", "task_id": str(task.id), "error": repr(exc)},
+        )
         error = {"code": "internal_error", "message": str(exc) or type(exc).__name__}
         if await self.store.finish(task.id, token, TaskStatus.FAILED, error=error):
-            self.emit(task, "task.failed", status="failed", message=error["message"],
-                      payload=error)
+            self.emit(task, "task.failed", status="failed", message=error["message"], payload=error)
 
     # ---- one execution ------------------------------------------------------------------------
 
@@ -233,14 +255,26 @@ class TaskRunner:
                 raise TaskQueued((current.next_run_at - now).total_seconds())
             raise LeaseUnavailable()
         task = claimed
-        self.emit(task, "task.started", status="running", phase="preparing", progress=0.1,
-                  payload={"attempt": task.attempts})
+        self.emit(
+            task,
+            "task.started",
+            status="running",
+            phase="preparing",
+            progress=0.1,
+            payload={"attempt": task.attempts},
+        )
         if task.submitted_at is not None and task.upstream_ref is None:
             # A previous execution started the upstream call and never recorded its answer:
             # submitting again could run it twice upstream (§6.11).
-            await self._finish(task, token, TaskStatus.MANUAL_REVIEW,
-                               error={"code": "ambiguous_submission",
-                                      "message": "submitted upstream with no recorded outcome"})
+            await self._finish(
+                task,
+                token,
+                TaskStatus.MANUAL_REVIEW,
+                error={
+                    "code": "ambiguous_submission",
+                    "message": "submitted upstream with no recorded outcome",
+                },
+            )
             raise ManualReview()
         execution = _Execution(task.id, token)
         self.keeper.running[task.id] = execution
@@ -259,8 +293,9 @@ class TaskRunner:
         try:
             provider = self.provider_for(task)
         except ProviderError as exc:
-            await self._finish(task, token, TaskStatus.FAILED,
-                               error={"code": exc.code, "message": str(exc)})
+            await self._finish(
+                task, token, TaskStatus.FAILED, error={"code": exc.code, "message": str(exc)}
+            )
             return
         ref = task.upstream_ref
         try:
@@ -272,17 +307,32 @@ class TaskRunner:
                 try:
                     ref = await provider.submit(task, prepared)
                 except AmbiguousSubmission as exc:
-                    await self._finish(task, token, TaskStatus.MANUAL_REVIEW,
-                                       error={"code": "ambiguous_submission", "message": str(exc)})
+                    await self._finish(
+                        task,
+                        token,
+                        TaskStatus.MANUAL_REVIEW,
+                        error={"code": "ambiguous_submission", "message": str(exc)},
+                    )
                     raise ManualReview() from exc
                 if not await self.store.record_upstream(task.id, token, ref):
                     raise LeaseUnavailable()
-                self.emit(task, "task.submitted", status="running", phase="waiting_upstream",
-                          progress=0.4, payload={"upstream_ref": ref})
+                self.emit(
+                    task,
+                    "task.submitted",
+                    status="running",
+                    phase="waiting_upstream",
+                    progress=0.4,
+                    payload={"upstream_ref": ref},
+                )
             else:
                 await self._enter(lease, Phase.WAITING_UPSTREAM)
-                self.emit(task, "task.resumed", status="running", phase="waiting_upstream",
-                          payload={"upstream_ref": ref})
+                self.emit(
+                    task,
+                    "task.resumed",
+                    status="running",
+                    phase="waiting_upstream",
+                    payload={"upstream_ref": ref},
+                )
             while True:
                 polled = await provider.poll(task, ref)
                 if polled.done:
@@ -291,11 +341,14 @@ class TaskRunner:
             if polled.error is not None:
                 raise ProviderError(polled.error, code="upstream_failed")
             await self._enter(lease, Phase.FINALIZING)
-            await self.store.set_phase(task.id, token, TaskPhase.FINALIZING, 0.9)
+            # Informational, so buffered with the events rather than awaited (fenced: a write
+            # that lands after the finish changes nothing).
+            self.events.set_phase(task.id, token, TaskPhase.FINALIZING, 0.9)
             result = await provider.finalize(task, polled.result)
         except ProviderError as exc:
-            await self._finish(task, token, TaskStatus.FAILED,
-                               error={"code": exc.code, "message": str(exc)})
+            await self._finish(
+                task, token, TaskStatus.FAILED, error={"code": exc.code, "message": str(exc)}
+            )
             return
         except trio.Cancelled:
             if ref is not None:
@@ -304,8 +357,10 @@ class TaskRunner:
                     try:
                         await provider.cancel(task, ref)
                     except Exception as exc:
-                        log.warning("upstream cancel failed",
-                                    extra={"event": "upstream_cancel_failed", "error": repr(exc)})
+                        log.warning(
+                            "upstream cancel failed",
+                            extra={"event": "upstream_cancel_failed", "error": repr(exc)},
+                        )
             raise
         await self._finish(task, token, TaskStatus.SUCCEEDED, result=result)
 
@@ -324,11 +379,19 @@ class TaskRunner:
     ) -> None:
         if not await self.store.finish(task.id, token, status, result=result, error=error):
             raise LeaseUnavailable()
-        self.emit(task, f"task.{status.value}", status=status.value,
-                  progress=1.0 if status is TaskStatus.SUCCEEDED else None,
-                  message=None if error is None else error.get("message"),
-                  payload={} if error is None else error)
+        self.emit(
+            task,
+            f"task.{status.value}",
+            status=status.value,
+            progress=1.0 if status is TaskStatus.SUCCEEDED else None,
+            message=None if error is None else error.get("message"),
+            payload={} if error is None else error,
+        )
 
     async def _cancelled(self, task: Task, token: uuid.UUID) -> None:
-        await self._finish(task, token, TaskStatus.CANCELLED,
-                           error={"code": "cancelled", "message": "cancelled while running"})
+        await self._finish(
+            task,
+            token,
+            TaskStatus.CANCELLED,
+            error={"code": "cancelled", "message": "cancelled while running"},
+        )

@@ -55,7 +55,6 @@ class TaskStore:
         self._claim = Batcher(self._claim_many)
         self._submitting = Batcher(self._submitting_many)
         self._upstream = Batcher(self._upstream_many)
-        self._phase = Batcher(self._phase_many)
         self._finish = Batcher(self._finish_many)
         self._requeue = Batcher(self._requeue_many)
 
@@ -124,17 +123,6 @@ class TaskStore:
         held = {r["id"] for r in rows}
         return [i[0] in held for i in items]
 
-    async def set_phase(
-        self, task_id: uuid.UUID, token: uuid.UUID, phase: TaskPhase, progress: float
-    ) -> bool:
-        """Record the phase (informational); False if the lease is gone."""
-        return await self._phase.submit((task_id, token, phase.value, progress))
-
-    async def _phase_many(self, items: list[tuple[uuid.UUID, uuid.UUID, str, float]]) -> list[bool]:
-        rows = await self.pool.fetch(_PHASE, *map(list, zip(*items, strict=True)))
-        held = {r["id"] for r in rows}
-        return [i[0] in held for i in items]
-
     async def finish(
         self,
         task_id: uuid.UUID,
@@ -149,7 +137,8 @@ class TaskStore:
         Runs shielded: the outcome already happened and must be recorded.
         """
         with trio.CancelScope(shield=True):
-            return await self._finish.submit((task_id, token, status.value, result, error))
+            done = await self._finish.submit((task_id, token, status.value, result, error))
+        return done
 
     async def _finish_many(
         self, items: list[tuple[uuid.UUID, uuid.UUID, str, Any, Any]]
@@ -177,7 +166,8 @@ class TaskStore:
         ambiguous) and release the lease; None if the lease is gone (or, with
         ``only_before_submission``, the upstream call was already made). Shielded."""
         with trio.CancelScope(shield=True):
-            return await self._requeue.submit((task_id, token, delay, only_before_submission))
+            status = await self._requeue.submit((task_id, token, delay, only_before_submission))
+        return status
 
     async def _requeue_many(
         self, items: list[tuple[uuid.UUID, uuid.UUID, float, bool]]
@@ -188,10 +178,12 @@ class TaskStore:
 
 
 class EventWriter:
-    """Buffers task events and appends them in batches (every ``interval`` or ``batch``).
+    """Buffers task events (and informational phase changes) and writes them in batches,
+    every ``interval`` or ``batch`` items.
 
     Events are history, not state: a failed write is retried, and whatever is left at shutdown
-    is written shielded with a deadline, then logged if the database is gone.
+    is written shielded with a deadline, then logged if the database is gone. Phase changes are
+    fenced by the execution token, so one written after the task finished changes nothing.
     """
 
     def __init__(self, pool: Pool, *, interval: float = 0.05, batch: int = 1000) -> None:
@@ -199,6 +191,7 @@ class EventWriter:
         self.interval = interval
         self.batch = batch
         self._buffer: list[TaskEvent] = []
+        self._phases: dict[uuid.UUID, tuple[uuid.UUID, str, float]] = {}
         self._wake = trio.Event()
         self.written = 0
 
@@ -209,6 +202,12 @@ class EventWriter:
         self._buffer.append(event)
         if len(self._buffer) >= self.batch:
             self._wake.set()
+
+    def set_phase(
+        self, task_id: uuid.UUID, token: uuid.UUID, phase: TaskPhase, progress: float
+    ) -> None:
+        """Queue a phase change of a running task (the latest per task wins)."""
+        self._phases[task_id] = (token, phase.value, progress)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Flush until cancelled, then flush what is left."""
@@ -224,7 +223,22 @@ class EventWriter:
                 await self.flush(retry=False)
 
     async def flush(self, *, retry: bool = True) -> None:
-        """Write every buffered event."""
+        """Write every buffered phase change and event."""
+        if self._phases:
+            phases, self._phases = self._phases, {}
+            try:
+                await self.pool.execute(
+                    _PHASE,
+                    list(phases),
+                    [v[0] for v in phases.values()],
+                    [v[1] for v in phases.values()],
+                    [v[2] for v in phases.values()],
+                )
+            except DatabaseError as exc:
+                log.warning(
+                    "phase changes not written",
+                    extra={"event": "phases_skipped", "error": str(exc)},
+                )
         while self._buffer:
             chunk, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
             try:
@@ -232,11 +246,15 @@ class EventWriter:
                 self.written += len(chunk)
             except DatabaseError as exc:
                 self._buffer[:0] = chunk
-                log.warning("task events not written yet", extra={"event": "events_retry",
-                                                                  "error": str(exc)})
+                log.warning(
+                    "task events not written yet",
+                    extra={"event": "events_retry", "error": str(exc)},
+                )
                 if not retry:
-                    log.error("task events lost at shutdown",
-                              extra={"event": "events_lost", "count": len(self._buffer)})
+                    log.error(
+                        "task events lost at shutdown",
+                        extra={"event": "events_lost", "count": len(self._buffer)},
+                    )
                     self._buffer.clear()
                 return
 
@@ -254,4 +272,3 @@ class EventWriter:
             [e.instance_id for e in chunk],
             [e.at for e in chunk],
         )
-

@@ -19,10 +19,10 @@ from engine.queue.insert import NotifyLimiter, insert_tx, prepare
 from engine.queue.job import InsertOpts
 from engine.queue.states import GATEWAY_UNIQUE_STATES
 from engine.queue.unique import UniqueOpts
-from engine.tasks.models import RunMode, TaskRequest
+from engine.tasks.models import TaskRequest
 from engine.tasks.runner import TaskRunArgs
 
-__all__ = ["task_insert_opts", "submit_tasks", "validate_requests"]
+__all__ = ["submit_tasks", "task_insert_opts", "validate_requests"]
 
 _MODELS = QUERIES["model_get_many"]
 _INSERT = QUERIES["task_insert_many"]
@@ -38,7 +38,7 @@ def task_insert_opts(config: QueueConfig, run_at: datetime | None = None) -> Ins
         queue=config.name,
         priority=config.insert_priority,
         max_attempts=config.insert_max_attempts,
-        tags=tuple(config.insert_tags),
+        tags=config.insert_tags,
         unique=_GATEWAY_UNIQUE,
         scheduled_at=scheduled,
     )
@@ -71,8 +71,6 @@ async def validate_requests(
             problems.append(f"request {n}: identity.tenant_id is required")
         if not (identity.user_id or identity.gateway_user_id or "").strip():
             problems.append(f"request {n}: identity needs user_id or gateway_user_id")
-        if not isinstance(request.run_mode, RunMode):
-            problems.append(f"request {n}: run_mode must be 'live' or 'simulation'")
         payloads.append(_payload_text(request, max_payload_bytes, problems, n))
     names = sorted({r.model for r in requests})
     rows = {r["name"]: r for r in await conn.fetch(_MODELS, names)}
@@ -85,7 +83,9 @@ async def validate_requests(
     if len({r.id for r in requests}) != len(requests):
         problems.append("two requests have the same id")
     if problems:
-        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        shown = problems[:20] + (
+            [f"... and {len(problems) - 20} more"] if len(problems) > 20 else []
+        )
         raise InvalidTask("task rejected; nothing was stored:\n  - " + "\n  - ".join(shown))
     return payloads
 
@@ -121,4 +121,3 @@ async def submit_tasks(
         [j.job.id for j in jobs],
         instance_id,
     )
-

@@ -158,7 +158,9 @@ async def test_row_7_ambiguous_submission_goes_to_manual_review(idle: Engine) ->
     assert sim(idle).submissions == {}
 
 
-async def test_row_7_a_submission_the_provider_calls_ambiguous(open_test_engine: OpenEngine) -> None:
+async def test_row_7_a_submission_the_provider_calls_ambiguous(
+    open_test_engine: OpenEngine,
+) -> None:
     from engine.providers.simulated import SimulationConfig
 
     provider = SimulatedProvider(SimulationConfig(ambiguous_rate=1.0))

@@ -1,0 +1,74 @@
+"""``python -m engine bench tasks``: simulated tasks end to end, against the raw queue.
+
+* ``tasks_per_s``: 10,000 simulated tasks with zero latency, submitted (in batches of 1,000)
+  and then drained by one engine with 300 workers, from its start until the last is final.
+* ``submit_per_s``: the submission rate of those batches.
+* ``queue_jobs_per_s`` / ``ratio_to_queue``: the queue's own burn-down in the same run.
+* ``round_trips_per_task``: statements this process sent during the drain, per task.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from engine.bench.common import BenchDatabase
+from engine.bench.queue import _burn_down
+from engine.config import load_config
+from engine.db.bridge import Counters
+from engine.db.database import DatabaseUrls
+from engine.providers.simulated import SimulatedProvider
+from engine.service.engine import open_engine
+from engine.tasks.models import Identity, RunMode, TaskRequest
+
+__all__ = ["TARGETS", "run_tasks_bench"]
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "tasks_per_s": (">=", 2000.0),
+    "ratio_to_queue": (">=", 0.3),
+}
+
+_IDENTITY = Identity(tenant_id="bench", user_id="bench")
+
+
+async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, float]:
+    config = load_config(env={}, overrides={"database.migrate_on_start": "false"})
+    urls = DatabaseUrls.single(url)
+    requests = [
+        TaskRequest(
+            model="bench-model", payload={"n": n}, identity=_IDENTITY, run_mode=RunMode.SIMULATION
+        )
+        for n in range(count)
+    ]
+    async with open_engine(config, urls=urls, execute=False) as client:
+        await client.set_model("bench-model")
+        started = trio.current_time()
+        for start in range(0, count, 1000):
+            await client.submit(requests[start : start + 1000])
+        submit_rate = count / (trio.current_time() - started)
+    async with open_engine(
+        config, urls=urls, simulated=SimulatedProvider(), max_workers=max_workers
+    ) as eng:
+        before = Counters.statements
+        started = trio.current_time()
+        while (await eng.counts()).get("succeeded", 0) < count:
+            await eng.wait(requests[-1].id)
+            await trio.sleep(0.01)
+        elapsed = trio.current_time() - started
+        trips = (Counters.statements - before) / count
+    return count / elapsed, submit_rate, trips
+
+
+async def run_tasks_bench(admin_url: str, *, quick: bool = False) -> dict[str, float]:
+    """Run the task figures on fresh databases on ``admin_url``'s server."""
+    count = 1000 if quick else 10_000
+    results: dict[str, float] = {}
+    async with BenchDatabase(admin_url) as db:
+        rate, submit_rate, trips = await _tasks(db.urls.tasks, count, 300)
+    results["tasks_per_s"] = round(rate, 1)
+    results["submit_per_s"] = round(submit_rate, 1)
+    results["round_trips_per_task"] = round(trips, 3)
+    async with BenchDatabase(admin_url) as db:
+        queue_rate, _ = await _burn_down(db, count, 32)
+    results["queue_jobs_per_s"] = round(queue_rate, 1)
+    results["ratio_to_queue"] = round(rate / queue_rate, 3)
+    return results
