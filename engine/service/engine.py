@@ -25,6 +25,7 @@ from typing import Any, overload
 
 import trio
 
+from engine.capacity.refresher import CATALOG_CHANNEL
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
 from engine.db.database import Database, DatabaseUrls, open_database
@@ -54,9 +55,6 @@ _EVENTS = QUERIES["task_event_list"]
 _COUNTS = QUERIES["task_count_by_status"]
 _MODEL_UPSERT = QUERIES["model_upsert"]
 _GROUP_UPSERT = QUERIES["group_upsert"]
-
-#: NOTIFY channel for catalogue changes (capacity refreshes at once on it).
-CATALOG_CHANNEL = "engine_catalog"
 
 
 class Engine:
@@ -248,6 +246,8 @@ async def open_engine(
     load: LoadController | None = None,
     execute: bool | None = None,
     max_workers: int | None = None,
+    slots: SlotPool | None = None,
+    fixed_generation: bool = True,
 ) -> AsyncIterator[Engine]:
     """Open an engine; see the module docstring.
 
@@ -261,6 +261,9 @@ async def open_engine(
         execute: run tasks in this process (default: ``worker.mode == "worker"``).
         max_workers: concurrent executions of this process (default: the instance hard limit,
             else the global hard limit).
+        slots: the process-wide claim limit shared by every generation (default: unbounded).
+        fixed_generation: start one generation of ``max_workers`` (the service passes False
+            and lets the capacity refresher size generations instead).
     """
     execute = config.worker.mode == "worker" if execute is None else execute
     dbc = config.database
@@ -310,10 +313,10 @@ async def open_engine(
             workers=workers if execute else None,
             instance_id=instance_id,
             stop_timeout=config.worker.stop_timeout,
-            slots=SlotPool(),
+            slots=slots or SlotPool(),
         ) as queue:
             engine = Engine(config, db, queue, store, notices, keeper, runner, sim)
-            if execute:
+            if execute and fixed_generation:
                 size = max_workers or config.worker.instance_hard_limit or config.worker.hard_limit
                 await queue.start_generation({config.queue.name: size})
             yield engine

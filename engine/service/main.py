@@ -1,60 +1,213 @@
-"""The engine service that ``python -m engine run`` runs.
+"""The engine service that ``python -m engine run`` runs: one root nursery, siblings inside.
 
-Placeholder for this round: it opens the role pools, migrates (unless
-``database.migrate_on_start`` is false), reports readiness and waits to be cancelled. The
-services (producer, completer, elector, recovery, ...) are started here in dependency order in a
-later round; the contract below stays.
+::
+
+    run_service
+    └── open_engine                  pools, migrations, queue client, task services
+        └── root nursery
+            ├── metrics server       /metrics, /healthz, /readyz
+            ├── load sampler         CPU, memory, connections → load controller (worker mode)
+            ├── recovery             interrupted tasks, orphaned jobs, lost tasks
+            ├── capacity refresher   registry heartbeat, share, generations (worker mode)
+            └── gauges               queue depth, leader, task counts, every few seconds
+
+Every sibling runs under :func:`supervise`: a crash after start-up is logged and the sibling is
+restarted with backoff; a failure during start-up ends the service with that error (non-zero
+exit), never a silent hang. Client-only mode (``worker.mode = "client"``) runs no sampler and
+no refresher and executes nothing: it serves submissions and recovers lost tasks (§5.3).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
+from engine.capacity.refresher import CapacityRefresher
 from engine.config import EngineConfig
-from engine.db.database import DatabaseUrls, open_database
+from engine.db.database import DatabaseUrls
 from engine.db.dsn import redact
-from engine.db.resolve import migrate_databases
+from engine.load.controller import LoadController, LoadThresholds
+from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
+from engine.metrics import Metrics, MetricsServer
+from engine.providers.base import Provider
+from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
+from engine.queue.slots import SlotPool
+from engine.recovery.rescuer import RecoveryReport, Rescuer
+from engine.service.engine import Engine, open_engine
 
-__all__ = ["run_service"]
+__all__ = ["DEMO_MODELS", "DEMO_SIMULATION", "install_demo_catalogue", "run_service", "supervise"]
 
 log = logging.getLogger(__name__)
+
+#: The simulated upstream the service uses for ``simulation`` tasks: a few hundred ms per task,
+#: three polls, 5 % upstream failures.
+DEMO_SIMULATION = SimulationConfig(
+    prepare=Latency("uniform", 0.02, 0.1),
+    submit=Latency("uniform", 0.02, 0.08),
+    poll=Latency("fixed", 0.01),
+    finalize=Latency("uniform", 0.02, 0.1),
+    polls=3,
+    poll_interval=0.2,
+    failure_rate=0.05,
+)
+
+#: Installed on an empty catalogue so a first ``submit`` has something to run.
+DEMO_MODELS: dict[str, int | None] = {"demo-image": 16, "demo-video": 8, "demo-chat": None}
+
+
+async def install_demo_catalogue(engine: Engine) -> bool:
+    """Add the demo models if the catalogue is empty; True if it did."""
+    if await engine.db.coordination.fetchval("SELECT count(*) FROM engine_model"):
+        return False
+    for name, limit in DEMO_MODELS.items():
+        await engine.set_model(name, concurrency_limit=limit, provider="simulated",
+                               settings={"demo": True})
+    log.info("installed the demo catalogue", extra={"event": "demo_catalogue",
+                                                    "models": list(DEMO_MODELS)})
+    return True
+
+
+async def supervise(
+    name: str,
+    run: Callable[..., Awaitable[Any]],
+    *,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the service ``run(task_status=...)``; restart it with backoff if it crashes after
+    it started. A crash before it started is raised (the service cannot come up)."""
+    started = False
+
+    async def start_once(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        await run(task_status=task_status)
+
+    backoff = 0.5
+    while True:
+        try:
+            if not started:
+                async with trio.open_nursery() as nursery:
+                    value = await nursery.start(start_once)
+                    started = True
+                    task_status.started(value)
+            else:
+                await run()
+            return
+        except Exception as exc:
+            if not started:
+                raise
+            log.error("service crashed; restarting", exc_info=exc,
+                      extra={"event": "service_crashed", "service": name,
+                             "backoff": backoff})
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+
+def _thresholds(config: EngineConfig) -> LoadThresholds:
+    load = config.load
+    return LoadThresholds(
+        cpu_elevated=load.cpu_elevated,
+        cpu_critical=load.cpu_critical,
+        memory_elevated=load.memory_elevated,
+        memory_critical=load.memory_critical,
+        db_elevated=load.db_connections_elevated,
+        db_critical=load.db_connections_critical,
+        escalate_samples=load.escalate_samples,
+        recover_samples=load.recover_samples,
+    )
 
 
 async def run_service(
     config: EngineConfig,
     urls: DatabaseUrls,
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    providers: dict[str, Provider] | None = None,
+    simulated: Provider | None = None,
+    task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the engine against the databases at ``urls`` until cancelled.
 
-    Calls ``task_status.started()`` once the service is ready (pools open, migrations applied),
-    so ``await nursery.start(run_service, config, urls)`` returns only then; the CLI prints its
-    "running" line at that point. Only returns when cancelled; any error escapes and ends the
-    process with a non-zero status.
-
-    Raises:
-        ConnectionLost: the database could not be reached after ``database.connect_attempts``.
-        MigrationError: a migration failed.
+    ``task_status.started(engine)`` comes once every sibling is up (the instance is registered
+    and its first generation, if any, is fetching) and hands back the open :class:`Engine`.
+    Only returns when cancelled; a start-up error escapes and ends the process with a non-zero
+    status.
     """
-    db_config = config.database
-    async with open_database(
-        urls,
-        min_size=db_config.pool_min_size,
-        max_size=db_config.pool_max_size,
-        statement_cache_size=db_config.statement_cache_size,
-        lock_timeout=db_config.lock_timeout,
-        command_timeout=db_config.command_timeout,
-        attempts=db_config.connect_attempts,
-        retry_delay=db_config.connect_retry_delay,
-    ) as db:
-        if db_config.migrate_on_start:
-            await migrate_databases(db)
-        log.info(
-            "service started",
-            extra={"event": "service_started", "url": redact(urls.tasks)},
-        )
+    worker = config.worker.mode == "worker"
+    metrics = Metrics()
+    slots = SlotPool(0)  # nothing runs until the first refresh grants a share
+    load = LoadController(
+        mode=config.load.mode,
+        claim_limit=0,
+        heavy_limit=config.load.heavy_limit,
+        thresholds=_thresholds(config),
+    )
+    ready = False
+    async with open_engine(
+        config,
+        urls=urls,
+        providers=providers,
+        simulated=simulated or SimulatedProvider(DEMO_SIMULATION),
+        load=load if worker else None,
+        execute=worker,
+        slots=slots,
+        fixed_generation=False,
+    ) as eng:
+        await install_demo_catalogue(eng)
+        eng.queue.completer.on_flushed = metrics.observe_completions
+        eng.runner.on_finished = lambda status: metrics.count_task(status.value)
+        async with trio.open_nursery() as root:
+            if config.metrics.enabled:
+                server = MetricsServer(
+                    metrics, host=config.metrics.host, port=config.metrics.port,
+                    ready=lambda: ready,
+                )
+                port = await root.start(supervise, "metrics", server.run)
+                log.info("metrics served", extra={
+                    "event": "metrics_started",
+                    "url": f"http://{config.metrics.host}:{port}/metrics"})
+                print(f"engine: metrics at http://{config.metrics.host}:{port}/metrics",
+                      flush=True)
+            sampler = None
+            if worker:
+                sampler = LoadSamplerService(
+                    load, ProcessSampler(), interval=config.load.sample_interval,
+                    connections=lambda: db_usage(eng.db), on_snapshot=metrics.set_worker_load,
+                )
+                await root.start(supervise, "load_sampler", sampler.run)
+            rescuer = Rescuer(
+                config, eng.db, eng.instance_id, eng.queue.limiter, client_mode=not worker,
+                on_report=lambda r: _count_recovery(metrics, r),
+            )
+            await root.start(supervise, "recovery", rescuer.run)
+            if worker:
+                refresher = CapacityRefresher(
+                    config, eng.db, eng.queue, slots, load=load, sampler=sampler,
+                    metrics=metrics,
+                )
+                await root.start(supervise, "capacity", refresher.run)
+            root.start_soon(supervise, "gauges", _gauges_service(eng, metrics))
+            ready = True
+            log.info("service started", extra={
+                "event": "service_started", "url": redact(urls.tasks),
+                "instance_id": eng.instance_id, "mode": config.worker.mode})
+            task_status.started(eng)
+
+
+def _count_recovery(metrics: Metrics, report: RecoveryReport) -> None:
+    metrics.count_recoveries("requeued_tasks", report.requeued_tasks)
+    metrics.count_recoveries("manual_review_tasks", report.manual_review_tasks)
+    metrics.count_recoveries("orphaned_jobs", report.orphaned_jobs)
+    metrics.count_recoveries("reenqueued_tasks", report.reenqueued_tasks)
+
+
+def _gauges_service(eng: Engine, metrics: Metrics) -> Callable[..., Awaitable[None]]:
+    async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        await trio.sleep_forever()
+        while True:
+            metrics.set_queue_depth(await eng.queue.counts())
+            metrics.set_leader(eng.queue.elector is not None and eng.queue.elector.is_leader)
+            metrics.set_generations(len(eng.queue.generations))
+            await trio.sleep(5.0)
+
+    return run

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -142,6 +142,8 @@ class TaskRunner:
         self.instance_id = instance_id
         self.load = load
         self.lock_timeout_delay = lock_timeout_delay
+        #: Called with each outcome this process records (metrics count them).
+        self.on_finished: Callable[[TaskStatus], None] | None = None
 
     def provider_for(self, task: Task) -> Provider:
         """The simulated provider for simulation runs, else the one registered for the model
@@ -379,6 +381,8 @@ class TaskRunner:
     ) -> None:
         if not await self.store.finish(task.id, token, status, result=result, error=error):
             raise LeaseUnavailable()
+        if self.on_finished is not None:
+            self.on_finished(status)
         self.emit(
             task,
             f"task.{status.value}",

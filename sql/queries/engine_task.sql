@@ -185,3 +185,63 @@ UPDATE engine_task t
 SET river_job_id = i.job_id, updated_at = now()
 FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id)
 WHERE t.id = i.id AND t.river_job_id IS DISTINCT FROM i.job_id;
+
+-- name: task_recover_interrupted_many
+-- Running tasks whose execution is gone: the lease expired, or the owner's registry row is
+-- stale ($1 seconds without a heartbeat) or has been draining longer than $2 seconds. Each goes
+-- back to queued (keeping an upstream reference, so the next run resumes polling) or, when its
+-- submission is ambiguous, to manual_review (§6.4). At most $3, never this process's ($4).
+WITH victims AS (
+    SELECT t.id
+    FROM engine_task t
+    WHERE t.status = 'running'
+      AND t.execution_owner IS DISTINCT FROM $4
+      AND (
+          t.lease_expires_at < now()
+          OR EXISTS (
+              SELECT 1 FROM engine_worker_instance w
+              WHERE w.instance_id = t.execution_owner
+                AND (w.heartbeat_at < now() - make_interval(secs => $1)
+                     OR (w.status = 'draining'
+                         AND w.draining_at < now() - make_interval(secs => $2)))
+          )
+      )
+    ORDER BY t.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE engine_task t
+SET status = CASE
+        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+        ELSE 'queued'
+    END,
+    finished_at = CASE
+        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+    END,
+    error = CASE
+        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN
+            '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
+        ELSE t.error
+    END,
+    phase = NULL,
+    execution_token = NULL,
+    execution_owner = NULL,
+    lease_expires_at = NULL,
+    next_run_at = now(),
+    updated_at = now()
+FROM victims
+WHERE t.id = victims.id
+RETURNING t.id, t.status, t.run_mode;
+
+-- name: task_list_recoverable
+-- Queued tasks with no live job (§6.7), due first. $1 limit.
+SELECT t.id, t.next_run_at
+FROM engine_task t
+WHERE t.status = 'queued'
+  AND NOT EXISTS (
+      SELECT 1 FROM river_job j
+      WHERE j.id = t.river_job_id
+        AND j.state IN ('available', 'pending', 'retryable', 'running', 'scheduled')
+  )
+ORDER BY t.next_run_at, t.created_at
+LIMIT $1;

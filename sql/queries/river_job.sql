@@ -278,3 +278,38 @@ UPDATE river_job
 SET state = 'completed', finalized_at = now()
 WHERE id = ANY($1::bigint[]) AND state = 'running'
 RETURNING id;
+
+-- name: job_rescue_orphaned_many
+-- Running jobs of queue $1 whose executing instance is gone: the instance id in the last
+-- attempted_by entry ("<instance>-exec-<capacity>-<nanos>", §6.6) has no registry row that is
+-- active with a heartbeat in the last $2 seconds, and the job started before that window.
+-- They go back to available now without using an attempt. At most $3; never this process's
+-- own ($4 = its instance id). Returns the ids.
+WITH orphans AS (
+    SELECT j.id
+    FROM river_job j
+    WHERE j.state = 'running'
+      AND j.queue = $1
+      AND j.attempted_at < now() - make_interval(secs => $2)
+      AND regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
+                         '-exec-[0-9]+-[0-9]+$', '') <> $4
+      AND NOT EXISTS (
+          SELECT 1 FROM engine_worker_instance w
+          WHERE w.instance_id = regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
+                                               '-exec-[0-9]+-[0-9]+$', '')
+            AND w.status = 'active'
+            AND w.heartbeat_at >= now() - make_interval(secs => $2)
+      )
+    ORDER BY j.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE river_job j
+SET state = 'available',
+    scheduled_at = now(),
+    attempt = greatest(j.attempt - 1, 0),
+    metadata = j.metadata || jsonb_build_object(
+        'orphan_recovered', coalesce((j.metadata ->> 'orphan_recovered')::int, 0) + 1)
+FROM orphans o
+WHERE j.id = o.id
+RETURNING j.id;

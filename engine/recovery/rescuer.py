@@ -1,0 +1,134 @@
+"""The recovery loop; see :mod:`engine.recovery` for what one round does."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from engine.config import EngineConfig
+from engine.db.database import Database
+from engine.db.sqlfiles import QUERIES
+from engine.errors import DatabaseError
+from engine.queue.insert import NotifyLimiter, insert_tx, prepare
+from engine.tasks.runner import TaskRunArgs
+from engine.tasks.submit import task_insert_opts
+
+__all__ = ["RecoveryReport", "Rescuer"]
+
+log = logging.getLogger(__name__)
+
+_INTERRUPTED = QUERIES["task_recover_interrupted_many"]
+_ORPHANS = QUERIES["job_rescue_orphaned_many"]
+_RECOVERABLE = QUERIES["task_list_recoverable"]
+_SET_JOB = QUERIES["task_set_job_many"]
+
+
+@attrs.frozen
+class RecoveryReport:
+    """What one round did."""
+
+    requeued_tasks: int = 0
+    manual_review_tasks: int = 0
+    orphaned_jobs: int = 0
+    reenqueued_tasks: int = 0
+
+    def total(self) -> int:
+        """Everything that was recovered."""
+        return (
+            self.requeued_tasks
+            + self.manual_review_tasks
+            + self.orphaned_jobs
+            + self.reenqueued_tasks
+        )
+
+
+class Rescuer:
+    """Runs recovery rounds; ``tasks_only`` (client mode) re-enqueues lost tasks only."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        db: Database,
+        instance_id: str,
+        limiter: NotifyLimiter | None = None,
+        *,
+        client_mode: bool = False,
+        on_report: Callable[[RecoveryReport], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.instance_id = instance_id
+        self.limiter = limiter
+        self.client_mode = client_mode
+        self.on_report = on_report
+        self.rounds = 0
+
+    async def run_once(self) -> RecoveryReport:
+        """One round (§5.8); raises on a database error (the loop logs it and goes on)."""
+        cfg = self.config
+        requeued = manual = orphans = 0
+        if not self.client_mode:
+            rows = await self.db.coordination.fetch(
+                _INTERRUPTED,
+                cfg.recovery.stale_after,
+                cfg.worker.stop_timeout * 3,
+                cfg.recovery.batch_size,
+                self.instance_id,
+            )
+            requeued = sum(1 for r in rows if r["status"] == "queued")
+            manual = len(rows) - requeued
+            rescued = await self.db.queue.fetch(
+                _ORPHANS,
+                cfg.queue.name,
+                cfg.recovery.stale_after,
+                cfg.recovery.batch_size,
+                self.instance_id,
+            )
+            orphans = len(rescued)
+        reenqueued = await self.reenqueue()
+        report = RecoveryReport(requeued, manual, orphans, reenqueued)
+        self.rounds += 1
+        if report.total():
+            log.warning(
+                "recovered interrupted work",
+                extra={"event": "recovery", **attrs.asdict(report)},
+            )
+        if self.on_report is not None:
+            self.on_report(report)
+        return report
+
+    async def reenqueue(self) -> int:
+        """Give every queued task without a live job a job (§5.7); returns how many."""
+        cfg = self.config
+        async with self.db.tasks.transaction() as conn:
+            rows = await conn.fetch(_RECOVERABLE, cfg.recovery.recoverable_task_limit)
+            if not rows:
+                return 0
+            params = [
+                prepare(
+                    TaskRunArgs(str(r["id"])),
+                    task_insert_opts(cfg.queue, r["next_run_at"]),
+                    kind=cfg.queue.job_kind,
+                )
+                for r in rows
+            ]
+            results = await insert_tx(conn, params, self.limiter)
+            await conn.execute(_SET_JOB, [r["id"] for r in rows], [j.job.id for j in results])
+        return len(rows)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """A round now, then every ``recovery.interval`` seconds, until cancelled."""
+        first = True
+        while True:
+            try:
+                await self.run_once()
+            except DatabaseError as exc:
+                log.warning("recovery round abandoned",
+                            extra={"event": "recovery_failed", "error": str(exc)})
+            if first:
+                first = False
+                task_status.started()
+            await trio.sleep(self.config.recovery.interval)

@@ -1,0 +1,49 @@
+-- Table engine_task: operator commands of the CLI (engine tasks retry, engine submit --follow).
+
+-- name: task_retry
+-- Put a final task (failed, cancelled or manual_review) back to queued as a fresh run: clear
+-- its outcome, its cancel request and its execution lease, and make it due now. For failed and
+-- manual_review tasks also clear submitted_at and upstream_ref: the operator decided to submit
+-- upstream again (a manual_review task was ambiguous because of exactly those two fields).
+-- Records a task.retried event. $1 id, $2 instance id (of the event). Returns the row, or
+-- nothing when the task does not exist or is not in one of those statuses (succeeded, queued
+-- and running tasks are left alone).
+WITH retried AS (
+    UPDATE engine_task
+    SET status = 'queued',
+        phase = NULL,
+        progress = 0,
+        result = NULL,
+        error = NULL,
+        finished_at = NULL,
+        cancel_requested_at = NULL,
+        execution_token = NULL,
+        execution_owner = NULL,
+        lease_expires_at = NULL,
+        started_at = NULL,
+        submitted_at = CASE
+            WHEN status IN ('failed', 'manual_review') THEN NULL ELSE submitted_at
+        END,
+        upstream_ref = CASE
+            WHEN status IN ('failed', 'manual_review') THEN NULL ELSE upstream_ref
+        END,
+        next_run_at = now(),
+        updated_at = now()
+    WHERE id = $1 AND status IN ('failed', 'cancelled', 'manual_review')
+    RETURNING *
+),
+events AS (
+    INSERT INTO engine_task_event (task_id, type, status, progress, message, simulated,
+                                   instance_id)
+    SELECT id, 'task.retried', 'queued', 0, 'retried by an operator', run_mode = 'simulation', $2
+    FROM retried
+)
+SELECT * FROM retried;
+
+-- name: task_set_job
+-- Point one task at the job that runs it (after task_retry enqueued it). $1 id, $2 job id.
+UPDATE engine_task SET river_job_id = $2, updated_at = now() WHERE id = $1;
+
+-- name: task_count_by_status_for_ids
+-- Counts per status of the given tasks, for progress displays. $1 id[].
+SELECT status, count(*) AS n FROM engine_task WHERE id = ANY($1::uuid[]) GROUP BY status;
