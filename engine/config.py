@@ -769,6 +769,12 @@ class TasksConfig:
         "Proposed default.",
         _number(gt=0),
     )
+    demo_catalogue: bool = _setting(
+        True,
+        "Install the demo models (served by the simulated provider) when the service starts "
+        "on an empty catalogue, so a first `submit` has something to run.",
+        _boolean(),
+    )
 
     def __attrs_post_init__(self) -> None:
         _enforce_rules(self)

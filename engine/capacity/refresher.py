@@ -111,9 +111,7 @@ class CapacityRefresher:
             and allocation.active_instances != self.allocation.active_instances
         ):
             # Others learn at once that the split changed (the reference only polls).
-            await self.db.coordination.execute(
-                "SELECT pg_notify($1, 'instances')", CATALOG_CHANNEL
-            )
+            await self.db.coordination.execute("SELECT pg_notify($1, 'instances')", CATALOG_CHANNEL)
         return snapshot, allocation
 
     async def refresh_once(self) -> str:
@@ -123,8 +121,10 @@ class CapacityRefresher:
         try:
             snapshot, allocation = await self._register()
         except DatabaseError as exc:
-            log.warning("capacity refresh failed; keeping the current generation",
-                        extra={"event": "capacity_refresh_failed", "error": str(exc)})
+            log.warning(
+                "capacity refresh failed; keeping the current generation",
+                extra={"event": "capacity_refresh_failed", "error": str(exc)},
+            )
             self._observe("refresh_failed")
             return "refresh_failed"
         self.snapshot, self.allocation = snapshot, allocation
@@ -148,8 +148,10 @@ class CapacityRefresher:
             try:
                 new = await self.queue.start_generation({self.config.queue.name: share})
             except Exception as exc:
-                log.warning("new generation failed to start; keeping the current one",
-                            extra={"event": "generation_start_failed", "error": repr(exc)})
+                log.warning(
+                    "new generation failed to start; keeping the current one",
+                    extra={"event": "generation_start_failed", "error": repr(exc)},
+                )
                 self._observe("start_failed")
                 return "start_failed"
         old, self.current, self.capacity = self.current, new, share
@@ -202,8 +204,10 @@ class CapacityRefresher:
                         "SELECT pg_notify($1, 'instances')", CATALOG_CHANNEL
                     )
             except DatabaseError as exc:
-                log.warning("could not mark the instance draining",
-                            extra={"event": "mark_draining_failed", "error": str(exc)})
+                log.warning(
+                    "could not mark the instance draining",
+                    extra={"event": "mark_draining_failed", "error": str(exc)},
+                )
         generations = [g for g in (self.current, *self.draining) if g is not None]
         self.current = None
         for generation in generations:

@@ -30,6 +30,9 @@ Commands:
 ``db url``
     Print a URL of the ``engine`` database that psql accepts (creating the database if
     missing). The embedded server must be running (``db start``).
+``submit``, ``status``, ``tasks``, ``jobs``, ``queue``, ``models``, ``groups``
+    Submit tasks and inspect or control the engine from a client-only engine; see
+    :mod:`engine.cli.submit` and :mod:`engine.cli.inspect` (``--json`` shapes there).
 
 The ``db`` commands manage the embedded server only. With ``database.url`` set, ``db url``
 prints that URL unchanged (password included: it is for your own tools) and exits 0, while
@@ -109,6 +112,14 @@ commands:
   db stop             stop the embedded server (unless `engine run` still uses it)
   db status [--json]  describe the embedded server
   db url              print a psql-ready URL of the engine database
+  status              capacity, instances, queues, task counts and the leader
+  submit --model M    submit tasks (--count N, --payload JSON, --follow to watch them)
+  tasks list|show|cancel|retry   inspect and control tasks
+  jobs list           list queue jobs
+  queue pause|resume NAME        stop or restart fetching from a queue everywhere
+  models list|set     the model catalogue and its concurrency limits
+  groups list|set     the group catalogue and its concurrency limits
+  (the inspection commands take --json; see `COMMAND --help`)
 
 exit status:
   {EXIT_OK}    success, including a graceful shutdown of `run`
@@ -181,6 +192,13 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     bench.add_argument("--markdown", type=Path, metavar="FILE", help="also write a markdown table")
     bench.add_argument("--quick", action="store_true", help="a tenth of the work, for smoke tests")
+    # Imported here: these modules use this one's exit codes. Their leaf commands store their
+    # runner as ``cli_run``, which _dispatch calls.
+    from engine.cli.inspect import add_inspect_commands
+    from engine.cli.submit import add_submit_command
+
+    add_submit_command(commands)
+    add_inspect_commands(commands)
     return parser
 
 
@@ -396,6 +414,9 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
         return _cmd_migrate(config)
     if command == "bench":
         return _cmd_bench(config, args)
+    run_command = getattr(args, "cli_run", None)
+    if run_command is not None:  # submit, status, tasks, jobs, queue, models, groups
+        return int(run_command(args, config))
     assert command == "db"
     sub: str = args.db_command
     if sub == "url":

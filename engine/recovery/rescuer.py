@@ -126,8 +126,10 @@ class Rescuer:
             try:
                 await self.run_once()
             except DatabaseError as exc:
-                log.warning("recovery round abandoned",
-                            extra={"event": "recovery_failed", "error": str(exc)})
+                log.warning(
+                    "recovery round abandoned",
+                    extra={"event": "recovery_failed", "error": str(exc)},
+                )
             if first:
                 first = False
                 task_status.started()

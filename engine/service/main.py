@@ -63,10 +63,13 @@ async def install_demo_catalogue(engine: Engine) -> bool:
     if await engine.db.coordination.fetchval("SELECT count(*) FROM engine_model"):
         return False
     for name, limit in DEMO_MODELS.items():
-        await engine.set_model(name, concurrency_limit=limit, provider="simulated",
-                               settings={"demo": True})
-    log.info("installed the demo catalogue", extra={"event": "demo_catalogue",
-                                                    "models": list(DEMO_MODELS)})
+        await engine.set_model(
+            name, concurrency_limit=limit, provider="simulated", settings={"demo": True}
+        )
+    log.info(
+        "installed the demo catalogue",
+        extra={"event": "demo_catalogue", "models": list(DEMO_MODELS)},
+    )
     return True
 
 
@@ -97,9 +100,11 @@ async def supervise(
         except Exception as exc:
             if not started:
                 raise
-            log.error("service crashed; restarting", exc_info=exc,
-                      extra={"event": "service_crashed", "service": name,
-                             "backoff": backoff})
+            log.error(
+                "service crashed; restarting",
+                exc_info=exc,
+                extra={"event": "service_crashed", "service": name, "backoff": backoff},
+            )
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -153,44 +158,68 @@ async def run_service(
         slots=slots,
         fixed_generation=False,
     ) as eng:
-        await install_demo_catalogue(eng)
+        if config.tasks.demo_catalogue:
+            await install_demo_catalogue(eng)
         eng.queue.completer.on_flushed = metrics.observe_completions
         eng.runner.on_finished = lambda status: metrics.count_task(status.value)
         async with trio.open_nursery() as root:
             if config.metrics.enabled:
                 server = MetricsServer(
-                    metrics, host=config.metrics.host, port=config.metrics.port,
+                    metrics,
+                    host=config.metrics.host,
+                    port=config.metrics.port,
                     ready=lambda: ready,
                 )
                 port = await root.start(supervise, "metrics", server.run)
-                log.info("metrics served", extra={
-                    "event": "metrics_started",
-                    "url": f"http://{config.metrics.host}:{port}/metrics"})
-                print(f"engine: metrics at http://{config.metrics.host}:{port}/metrics",
-                      flush=True)
+                log.info(
+                    "metrics served",
+                    extra={
+                        "event": "metrics_started",
+                        "url": f"http://{config.metrics.host}:{port}/metrics",
+                    },
+                )
+                print(f"engine: metrics at http://{config.metrics.host}:{port}/metrics", flush=True)
             sampler = None
             if worker:
                 sampler = LoadSamplerService(
-                    load, ProcessSampler(), interval=config.load.sample_interval,
-                    connections=lambda: db_usage(eng.db), on_snapshot=metrics.set_worker_load,
+                    load,
+                    ProcessSampler(),
+                    interval=config.load.sample_interval,
+                    connections=lambda: db_usage(eng.db),
+                    on_snapshot=metrics.set_worker_load,
                 )
                 await root.start(supervise, "load_sampler", sampler.run)
             rescuer = Rescuer(
-                config, eng.db, eng.instance_id, eng.queue.limiter, client_mode=not worker,
+                config,
+                eng.db,
+                eng.instance_id,
+                eng.queue.limiter,
+                client_mode=not worker,
                 on_report=lambda r: _count_recovery(metrics, r),
             )
             await root.start(supervise, "recovery", rescuer.run)
             if worker:
                 refresher = CapacityRefresher(
-                    config, eng.db, eng.queue, slots, load=load, sampler=sampler,
+                    config,
+                    eng.db,
+                    eng.queue,
+                    slots,
+                    load=load,
+                    sampler=sampler,
                     metrics=metrics,
                 )
                 await root.start(supervise, "capacity", refresher.run)
             root.start_soon(supervise, "gauges", _gauges_service(eng, metrics))
             ready = True
-            log.info("service started", extra={
-                "event": "service_started", "url": redact(urls.tasks),
-                "instance_id": eng.instance_id, "mode": config.worker.mode})
+            log.info(
+                "service started",
+                extra={
+                    "event": "service_started",
+                    "url": redact(urls.tasks),
+                    "instance_id": eng.instance_id,
+                    "mode": config.worker.mode,
+                },
+            )
             task_status.started(eng)
 
 
