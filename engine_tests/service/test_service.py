@@ -153,12 +153,17 @@ async def test_client_only_mode_executes_nothing(db_url: str) -> None:
 
 
 @pytest.mark.slow
-async def test_startup_waits_for_a_database_that_comes_up(tmp_path: Path) -> None:
+def _server_that_is_down() -> tuple[Path, str]:
     data_dir = Path(tempfile.mkdtemp(prefix="engine-down-"))
     data_dir.chmod(0o755)
     server = embedded.acquire(data_dir, unsafe_fast=True)
     url = server.dsn("postgres")
     server.release()  # down now; the same port is used when it comes back
+    return data_dir, url
+
+
+async def test_startup_waits_for_a_database_that_comes_up() -> None:
+    data_dir, url = await trio.to_thread.run_sync(_server_that_is_down)
     proc = await trio.lowlevel.open_process(
         [
             sys.executable,
