@@ -28,14 +28,20 @@ class Scenario:
 
 
 def _scenarios() -> dict[str, Scenario]:
+    from engine.bench.chaos import TARGETS as CHAOS_TARGETS
+    from engine.bench.chaos import run_chaos_bench
     from engine.bench.queue import TARGETS as QUEUE_TARGETS
     from engine.bench.queue import run_queue_bench
+    from engine.bench.resize import TARGETS as RESIZE_TARGETS
+    from engine.bench.resize import run_resize_bench
     from engine.bench.tasks import TARGETS as TASK_TARGETS
     from engine.bench.tasks import run_tasks_bench
 
     found = [
         Scenario("queue", run_queue_bench, QUEUE_TARGETS),
         Scenario("tasks", run_tasks_bench, TASK_TARGETS),
+        Scenario("chaos", run_chaos_bench, CHAOS_TARGETS),
+        Scenario("resize", run_resize_bench, RESIZE_TARGETS),
     ]
     return {s.name: s for s in found}
 

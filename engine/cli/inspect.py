@@ -388,39 +388,7 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
     print()
     if instances:
         print(f"instances ({len(instances)}):")
-        print(
-            format_table(
-                [
-                    "INSTANCE",
-                    "STATUS",
-                    "ALLOCATED",
-                    "DESIRED",
-                    "SAFE",
-                    "ACTIVE",
-                    "PREPARING",
-                    "WAITING",
-                    "FINALIZING",
-                    "PRESSURE",
-                    "HEARTBEAT",
-                ],
-                [
-                    [
-                        i.instance_id,
-                        i.status,
-                        i.allocated,
-                        i.desired_capacity,
-                        i.safe_capacity,
-                        i.active_tasks,
-                        i.preparing_tasks,
-                        i.waiting_upstream_tasks,
-                        i.finalizing_tasks,
-                        i.pressure_state + (f" ({i.pressure_reason})" if i.pressure_reason else ""),
-                        f"{_age(i.heartbeat_age)} ago",
-                    ]
-                    for i in instances
-                ],
-            )
-        )
+        print(format_table(_INSTANCE_HEADERS, [_instance_row(i) for i in instances]))
     else:
         print("instances: none registered")
     print()
@@ -445,6 +413,21 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
 
 def _instance_json(info: InstanceInfo) -> dict[str, Any]:
     return attrs.asdict(info)
+
+
+_INSTANCE_HEADERS: Final = (
+    "INSTANCE", "STATUS", "ALLOCATED", "DESIRED", "SAFE", "ACTIVE", "PREPARING", "WAITING",
+    "FINALIZING", "PRESSURE", "HEARTBEAT",
+)  # fmt: skip
+
+
+def _instance_row(i: InstanceInfo) -> list[Any]:
+    pressure = i.pressure_state + (f" ({i.pressure_reason})" if i.pressure_reason else "")
+    return [
+        i.instance_id, i.status, i.allocated, i.desired_capacity, i.safe_capacity,
+        i.active_tasks, i.preparing_tasks, i.waiting_upstream_tasks, i.finalizing_tasks,
+        pressure, f"{_age(i.heartbeat_age)} ago",
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

@@ -274,7 +274,9 @@ def run_submit(args: argparse.Namespace, config: EngineConfig) -> int:
         display.finish(progress, interrupted=interrupted)
         if args.json:
             document.update(
-                counts=dict(progress.counts), elapsed=progress.elapsed, interrupted=interrupted
+                counts=dict(progress.counts),
+                elapsed=round(progress.elapsed, 3),
+                interrupted=interrupted,
             )
             print(dumps(document))
         if interrupted:

@@ -24,6 +24,8 @@ _INTERRUPTED = QUERIES["task_recover_interrupted_many"]
 _ORPHANS = QUERIES["job_rescue_orphaned_many"]
 _RECOVERABLE = QUERIES["task_list_recoverable"]
 _SET_JOB = QUERIES["task_set_job_many"]
+_YIELD = QUERIES["admission_yield_stale"]
+_CLEAN = QUERIES["admission_clean_finished"]
 
 
 @attrs.frozen
@@ -32,17 +34,15 @@ class RecoveryReport:
 
     requeued_tasks: int = 0
     manual_review_tasks: int = 0
+    released_leases: int = 0
+    cleaned_admissions: int = 0
+    yielded_admissions: int = 0
     orphaned_jobs: int = 0
     reenqueued_tasks: int = 0
 
     def total(self) -> int:
         """Everything that was recovered."""
-        return (
-            self.requeued_tasks
-            + self.manual_review_tasks
-            + self.orphaned_jobs
-            + self.reenqueued_tasks
-        )
+        return sum(attrs.astuple(self))
 
 
 class Rescuer:
@@ -69,7 +69,7 @@ class Rescuer:
     async def run_once(self) -> RecoveryReport:
         """One round (§5.8); raises on a database error (the loop logs it and goes on)."""
         cfg = self.config
-        requeued = manual = orphans = 0
+        requeued = manual = orphans = leases = admissions = yielded = 0
         if not self.client_mode:
             rows = await self.db.coordination.fetch(
                 _INTERRUPTED,
@@ -80,6 +80,14 @@ class Rescuer:
             )
             requeued = sum(1 for r in rows if r["status"] == "queued")
             manual = len(rows) - requeued
+            cleaned = await self.db.coordination.fetchrow(_CLEAN)
+            assert cleaned is not None
+            leases, admissions = int(cleaned["leases"]), int(cleaned["admissions"])
+            yielded = len(
+                await self.db.coordination.fetch(
+                    _YIELD, cfg.admission.stale_after, cfg.recovery.batch_size
+                )
+            )
             rescued = await self.db.queue.fetch(
                 _ORPHANS,
                 cfg.queue.name,
@@ -89,7 +97,15 @@ class Rescuer:
             )
             orphans = len(rescued)
         reenqueued = await self.reenqueue()
-        report = RecoveryReport(requeued, manual, orphans, reenqueued)
+        report = RecoveryReport(
+            requeued_tasks=requeued,
+            manual_review_tasks=manual,
+            released_leases=leases,
+            cleaned_admissions=admissions,
+            yielded_admissions=yielded,
+            orphaned_jobs=orphans,
+            reenqueued_tasks=reenqueued,
+        )
         self.rounds += 1
         if report.total():
             log.warning(

@@ -299,6 +299,7 @@ async def open_engine(
             instance_id=instance_id,
             load=load,
             lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
+            queue_timeout=config.admission.queue_timeout,
         )
         notices = TaskNotices(db.tasks.dsn, keeper.cancel)
         workers = Workers()

@@ -8,6 +8,7 @@
             ├── metrics server       /metrics, /healthz, /readyz
             ├── load sampler         CPU, memory, connections → load controller (worker mode)
             ├── recovery             interrupted tasks, orphaned jobs, lost tasks
+            ├── admission            waiting tasks admitted as scope slots free up
             ├── capacity refresher   registry heartbeat, share, generations (worker mode)
             └── gauges               queue depth, leader, task counts, every few seconds
 
@@ -23,12 +24,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
+from engine.admission.dispatcher import Dispatcher
 from engine.capacity.refresher import CapacityRefresher
 from engine.config import EngineConfig
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import redact
+from engine.db.sqlfiles import QUERIES
 from engine.load.controller import LoadController, LoadThresholds
 from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
 from engine.metrics import Metrics, MetricsServer
@@ -41,6 +45,8 @@ from engine.service.engine import Engine, open_engine
 __all__ = ["DEMO_MODELS", "DEMO_SIMULATION", "install_demo_catalogue", "run_service", "supervise"]
 
 log = logging.getLogger(__name__)
+
+_WAITING_COUNT = QUERIES["admission_count_waiting"]
 
 #: The simulated upstream the service uses for ``simulation`` tasks: a few hundred ms per task,
 #: three polls, 5 % upstream failures.
@@ -198,6 +204,8 @@ async def run_service(
                 on_report=lambda r: _count_recovery(metrics, r),
             )
             await root.start(supervise, "recovery", rescuer.run)
+            dispatcher = Dispatcher(config, eng.db, eng.queue.limiter)
+            await root.start(supervise, "admission", dispatcher.run)
             if worker:
                 refresher = CapacityRefresher(
                     config,
@@ -224,10 +232,8 @@ async def run_service(
 
 
 def _count_recovery(metrics: Metrics, report: RecoveryReport) -> None:
-    metrics.count_recoveries("requeued_tasks", report.requeued_tasks)
-    metrics.count_recoveries("manual_review_tasks", report.manual_review_tasks)
-    metrics.count_recoveries("orphaned_jobs", report.orphaned_jobs)
-    metrics.count_recoveries("reenqueued_tasks", report.reenqueued_tasks)
+    for kind, n in attrs.asdict(report).items():
+        metrics.count_recoveries(kind, n)
 
 
 def _gauges_service(eng: Engine, metrics: Metrics) -> Callable[..., Awaitable[None]]:
@@ -237,6 +243,7 @@ def _gauges_service(eng: Engine, metrics: Metrics) -> Callable[..., Awaitable[No
             metrics.set_queue_depth(await eng.queue.counts())
             metrics.set_leader(eng.queue.elector is not None and eng.queue.elector.is_leader)
             metrics.set_generations(len(eng.queue.generations))
+            metrics.set_admissions_waiting(int(await eng.db.tasks.fetchval(_WAITING_COUNT) or 0))
             await trio.sleep(5.0)
 
     return run

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
+from engine.admission.gate import RateLimited, Waiting, admit
 from engine.errors import LeaseUnavailable, LockTimeout, ManualReview
 from engine.load.controller import LoadController, LoadLease, Phase
 from engine.load.retry_delay import worker_load_retry_delay
@@ -133,6 +134,7 @@ class TaskRunner:
         instance_id: str,
         load: LoadController | None = None,
         lock_timeout_delay: float = 1.0,
+        queue_timeout: float | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -142,6 +144,7 @@ class TaskRunner:
         self.instance_id = instance_id
         self.load = load
         self.lock_timeout_delay = lock_timeout_delay
+        self.queue_timeout = queue_timeout
         #: Called with each outcome this process records (metrics count them).
         self.on_finished: Callable[[TaskStatus], None] | None = None
 
@@ -278,6 +281,28 @@ class TaskRunner:
                 },
             )
             raise ManualReview()
+        outcome = await admit(
+            self.store.pool, task, token, self.instance_id, queue_timeout=self.queue_timeout
+        )
+        if isinstance(outcome, Waiting):
+            # Back in the queue, in line for its scopes; the dispatcher enqueues it later.
+            self.emit(
+                task,
+                "task.waiting",
+                status="queued",
+                message="waiting for room",
+                payload={"scopes": list(outcome.scopes)},
+            )
+            return
+        if isinstance(outcome, RateLimited):
+            await self.store.requeue(task.id, token, delay=outcome.delay)
+            self.emit(
+                task,
+                "task.rate_limited",
+                status="queued",
+                payload={"scope": outcome.scope, "delay": outcome.delay},
+            )
+            raise TaskQueued(outcome.delay)
         execution = _Execution(task.id, token)
         self.keeper.running[task.id] = execution
         try:

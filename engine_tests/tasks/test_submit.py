@@ -41,11 +41,13 @@ async def test_submitted_task_runs_to_success_and_wait_returns_it(eng: Engine) -
 async def test_wait_returns_within_50ms_of_completion(eng: Engine) -> None:
     # A task that waits upstream until we let it finish: measure completion → wait() return.
     release = trio.Event()
+    polling = trio.Event()
     finished_at: list[float] = []
     sim = eng.simulated
     original = sim.poll  # type: ignore[attr-defined]
 
     async def slow_poll(task, ref):  # type: ignore[no-untyped-def]
+        polling.set()
         await release.wait()
         return await original(task, ref)
 
@@ -67,7 +69,8 @@ async def test_wait_returns_within_50ms_of_completion(eng: Engine) -> None:
     eng.store.finish = finish  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
-        await trio.sleep(0.2)
+        with trio.fail_after(10):
+            await polling.wait()
         release.set()
     assert returned_at[0] - finished_at[0] < 0.050
 

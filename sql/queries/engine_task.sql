@@ -96,13 +96,19 @@ WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id;
 
 -- name: task_record_upstream_many
--- Record the upstream reference the provider returned. $1 id[], $2 token[], $3 ref[].
--- Returns the ids still held.
-UPDATE engine_task t
-SET upstream_ref = i.ref, progress = 0.4, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref)
-WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
-RETURNING t.id;
+-- Record the upstream reference the provider returned; the task's rate tokens are spent for
+-- good now. $1 id[], $2 token[], $3 ref[]. Returns the ids still held.
+WITH recorded AS (
+    UPDATE engine_task t
+    SET upstream_ref = i.ref, progress = 0.4, updated_at = now()
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref)
+    WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+    RETURNING t.id
+),
+spent AS (
+    DELETE FROM engine_rate_reservation r USING recorded x WHERE r.task_id = x.id
+)
+SELECT id FROM recorded;
 
 -- name: task_set_phase_many
 -- Record phase and progress of running tasks (informational). $1 id[], $2 token[], $3 phase[],
@@ -114,59 +120,105 @@ WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id;
 
 -- name: task_finish_many
--- Record outcomes and release leases. $1 id[], $2 token[], $3 status[] (succeeded, failed,
--- cancelled, manual_review), $4 result JSON text[], $5 error JSON text[]. Returns the ids
--- changed; a missing id means another execution owns the task now.
-UPDATE engine_task t
-SET status = i.status,
-    phase = NULL,
-    progress = CASE WHEN i.status = 'succeeded' THEN 1 ELSE t.progress END,
-    result = i.result::jsonb,
-    error = i.error::jsonb,
-    execution_token = NULL,
-    lease_expires_at = NULL,
-    finished_at = now(),
-    updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[])
-     AS i(id, token, status, result, error)
-WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
-RETURNING t.id;
+-- Record outcomes and release leases, scope slots (waking dispatchers) and unspent rate tokens.
+-- $1 id[], $2 token[], $3 status[] (succeeded, failed, cancelled, manual_review), $4 result
+-- JSON text[], $5 error JSON text[]. Returns the ids changed; a missing id means another
+-- execution owns the task now.
+WITH finished AS (
+    UPDATE engine_task t
+    SET status = i.status,
+        phase = NULL,
+        progress = CASE WHEN i.status = 'succeeded' THEN 1 ELSE t.progress END,
+        result = i.result::jsonb,
+        error = i.error::jsonb,
+        execution_token = NULL,
+        lease_expires_at = NULL,
+        finished_at = now(),
+        updated_at = now()
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[])
+         AS i(id, token, status, result, error)
+    WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+    RETURNING t.id
+),
+released AS (
+    DELETE FROM engine_scope_lease l USING finished f WHERE l.task_id = f.id RETURNING l.scope
+),
+refunded AS (
+    DELETE FROM engine_rate_reservation r USING finished f WHERE r.task_id = f.id
+    RETURNING r.scope
+),
+refund AS (
+    UPDATE engine_rate_bucket b SET tokens = b.tokens + x.n
+    FROM (SELECT scope, count(*) AS n FROM refunded GROUP BY scope) x
+    WHERE b.scope = x.scope
+)
+SELECT f.id
+FROM finished f
+LEFT JOIN (SELECT count(pg_notify('engine_admission', '')) AS n
+           FROM (SELECT 1 FROM released LIMIT 1) r) notified ON true;
 
 -- name: task_requeue_many
 -- Put running tasks back to queued and release their leases, keeping an upstream reference so
 -- the next run resumes polling instead of submitting again (§6.9, §6.10). A task whose upstream
--- call started but left no reference is ambiguous: it goes to manual_review instead.
+-- call started but left no reference is ambiguous: it goes to manual_review instead. Scope
+-- slots and unspent rate tokens are given back.
 -- $1 id[], $2 token[], $3 delay seconds[], $4 only_before_submission[] (the lock-timeout path:
 -- requeue only if nothing was sent upstream). Returns id and the status now.
-UPDATE engine_task t
-SET status = CASE
-        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
-        ELSE 'queued'
-    END,
-    finished_at = CASE
-        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
-    END,
-    phase = NULL,
-    execution_token = NULL,
-    execution_owner = NULL,
-    lease_expires_at = NULL,
-    next_run_at = now() + make_interval(secs => i.delay),
-    updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[], $3::float8[], $4::boolean[])
-     AS i(id, token, delay, only_before)
-WHERE t.id = i.id
-  AND t.execution_token = i.token
-  AND t.status = 'running'
-  AND (NOT i.only_before OR t.submitted_at IS NULL)
-RETURNING t.id, t.status;
+WITH requeued AS (
+    UPDATE engine_task t
+    SET status = CASE
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+            ELSE 'queued'
+        END,
+        finished_at = CASE
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+        END,
+        phase = NULL,
+        execution_token = NULL,
+        execution_owner = NULL,
+        lease_expires_at = NULL,
+        next_run_at = now() + make_interval(secs => i.delay),
+        updated_at = now()
+    FROM unnest($1::uuid[], $2::uuid[], $3::float8[], $4::boolean[])
+         AS i(id, token, delay, only_before)
+    WHERE t.id = i.id
+      AND t.execution_token = i.token
+      AND t.status = 'running'
+      AND (NOT i.only_before OR t.submitted_at IS NULL)
+    RETURNING t.id, t.status
+),
+released AS (
+    DELETE FROM engine_scope_lease l USING requeued q WHERE l.task_id = q.id RETURNING l.scope
+),
+refunded AS (
+    DELETE FROM engine_rate_reservation r USING requeued q WHERE r.task_id = q.id
+    RETURNING r.scope
+),
+refund AS (
+    UPDATE engine_rate_bucket b SET tokens = b.tokens + x.n
+    FROM (SELECT scope, count(*) AS n FROM refunded GROUP BY scope) x
+    WHERE b.scope = x.scope
+)
+SELECT q.id, q.status
+FROM requeued q
+LEFT JOIN (SELECT count(pg_notify('engine_admission', '')) AS n
+           FROM (SELECT 1 FROM released LIMIT 1) r) notified ON true;
 
 -- name: task_cancel_queued
--- Cancel a task that is not running yet, at once. $1 id. Returns the row when cancelled.
-UPDATE engine_task
-SET status = 'cancelled', finished_at = now(), updated_at = now(), cancel_requested_at = now(),
-    error = '{"code": "cancelled", "message": "cancelled before it ran"}'
-WHERE id = $1 AND status = 'queued'
-RETURNING *;
+-- Cancel a task that is not running yet, at once (leaving any admission line). $1 id.
+-- Returns the row when cancelled.
+WITH cancelled AS (
+    UPDATE engine_task
+    SET status = 'cancelled', finished_at = now(), updated_at = now(),
+        cancel_requested_at = now(),
+        error = '{"code": "cancelled", "message": "cancelled before it ran"}'
+    WHERE id = $1 AND status = 'queued'
+    RETURNING *
+),
+left_line AS (
+    DELETE FROM engine_task_admission a USING cancelled c WHERE a.task_id = c.id
+)
+SELECT * FROM cancelled;
 
 -- name: task_request_cancel
 -- Ask the execution of a running task to stop; its owner is told through NOTIFY $2.
@@ -238,6 +290,10 @@ RETURNING t.id, t.status, t.run_mode;
 SELECT t.id, t.next_run_at
 FROM engine_task t
 WHERE t.status = 'queued'
+  -- A waiting task is the dispatcher's: it gets its job when it is admitted (§6.7).
+  AND NOT EXISTS (
+      SELECT 1 FROM engine_task_admission a WHERE a.task_id = t.id AND a.status = 'waiting'
+  )
   AND NOT EXISTS (
       SELECT 1 FROM river_job j
       WHERE j.id = t.river_job_id

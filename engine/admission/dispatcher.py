@@ -1,0 +1,180 @@
+"""The admission dispatcher: admits waiting tasks as room frees up, and reaps timed-out ones.
+
+Woken by NOTIFY ``engine_admission`` (sent whenever a scope lease is released) and by a tick
+(``admission.dispatch_interval``); reaps every ``admission.reap_interval``. One round:
+
+* take the dispatch lock (one decision at a time across every dispatcher, on any instance),
+  then each involved scope's lock in sorted order (the same locks executors take);
+* walk the waiting admissions round-robin across groups, oldest first within each group; admit
+  one when every scope it needs has room; a scope whose oldest waiter cannot go yet admits
+  nobody behind it (first in, first out within a scope);
+* mark the chosen ones admitted (a reserved slot) and enqueue their jobs, in that transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections import OrderedDict, deque
+
+import attrs
+import trio
+
+from engine.config import EngineConfig
+from engine.db.bridge import Record
+from engine.db.database import Database
+from engine.db.listen import Listener
+from engine.db.sqlfiles import QUERIES
+from engine.errors import DatabaseError
+from engine.queue.insert import NotifyLimiter, insert_tx, prepare
+from engine.tasks.runner import TaskRunArgs
+from engine.tasks.submit import task_insert_opts
+
+__all__ = ["ADMISSION_CHANNEL", "DispatchReport", "Dispatcher"]
+
+log = logging.getLogger(__name__)
+
+#: NOTIFY channel: a scope slot was released; dispatch now.
+ADMISSION_CHANNEL = "engine_admission"
+
+_LOCK_DISPATCH = "SELECT pg_advisory_xact_lock(hashtext('engine.dispatch'))"
+_SCOPE_LOCK = QUERIES["scope_lock"]
+_WAITING = QUERIES["admission_list_waiting"]
+_LIMITS = QUERIES["scope_limits_many"]
+_USED = QUERIES["scope_used_many"]
+_ADMIT = QUERIES["admission_admit_many"]
+_REAP = QUERIES["admission_reap_expired"]
+_SET_JOB = QUERIES["task_set_job_many"]
+_TASK_RUN_AT = "SELECT id, next_run_at FROM engine_task WHERE id = ANY($1::uuid[])"
+
+
+@attrs.frozen
+class DispatchReport:
+    """What one round did."""
+
+    admitted: int = 0
+    waiting: int = 0
+
+
+class Dispatcher:
+    """Admits waiting tasks; see the module docstring."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        db: Database,
+        limiter: NotifyLimiter | None = None,
+        *,
+        batch: int = 1000,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.limiter = limiter
+        self.batch = batch
+        self.rounds = 0
+        self.admitted = 0
+        self.reaped = 0
+
+    async def run_once(self) -> DispatchReport:
+        """One dispatch round."""
+        self.rounds += 1
+        async with self.db.tasks.transaction() as conn:
+            await conn.execute(_LOCK_DISPATCH)
+            waiting = await conn.fetch(_WAITING, self.batch)
+            if not waiting:
+                return DispatchReport()
+            scopes = sorted({s for row in waiting for s in row["scopes"]})
+            for scope in scopes:
+                await conn.execute(_SCOPE_LOCK, scope)
+            limits: dict[str, float] = {s: math.inf for s in scopes}
+            for row in await conn.fetch(_LIMITS, scopes):
+                if (row["concurrency_limit"] or 0) > 0:
+                    limits[row["scope"]] = row["concurrency_limit"]
+            used = {r["scope"]: int(r["used"]) for r in await conn.fetch(_USED, scopes)}
+            chosen = _choose(waiting, limits, used)
+            if not chosen:
+                return DispatchReport(0, len(waiting))
+            await conn.execute(_ADMIT, chosen)
+            run_at = {r["id"]: r["next_run_at"] for r in await conn.fetch(_TASK_RUN_AT, chosen)}
+            params = [
+                prepare(
+                    TaskRunArgs(str(task_id)),
+                    task_insert_opts(self.config.queue, run_at.get(task_id)),
+                    kind=self.config.queue.job_kind,
+                )
+                for task_id in chosen
+            ]
+            jobs = await insert_tx(conn, params, self.limiter)
+            await conn.execute(_SET_JOB, chosen, [j.job.id for j in jobs])
+        self.admitted += len(chosen)
+        return DispatchReport(len(chosen), len(waiting) - len(chosen))
+
+    async def reap(self) -> int:
+        """Fail tasks that waited past their queue timeout; returns how many."""
+        rows = await self.db.tasks.fetch(_REAP)
+        if rows:
+            log.warning(
+                "tasks timed out waiting for admission",
+                extra={"event": "admission_timeout", "count": len(rows)},
+            )
+        self.reaped += len(rows)
+        return len(rows)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch until cancelled; ``started()`` once listening."""
+        listener = Listener(self.db.tasks.dsn, [ADMISSION_CHANNEL])
+        cfg = self.config.admission
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            wake = trio.Event()
+
+            async def forward() -> None:
+                nonlocal wake
+                async for _ in listener.receive:
+                    wake.set()
+
+            nursery.start_soon(forward)
+            task_status.started()
+            next_reap = trio.current_time()
+            while True:
+                try:
+                    if trio.current_time() >= next_reap:
+                        next_reap = trio.current_time() + cfg.reap_interval
+                        await self.reap()
+                    await self.run_once()
+                except DatabaseError as exc:
+                    log.warning(
+                        "dispatch round failed",
+                        extra={"event": "dispatch_failed", "error": str(exc)},
+                    )
+                with trio.move_on_after(cfg.dispatch_interval):
+                    await wake.wait()
+                wake = trio.Event()
+
+
+def _choose(
+    waiting: list[Record], limits: dict[str, float], used: dict[str, int]
+) -> list[uuid.UUID]:
+    """Pick admissions to admit: round-robin across groups, FIFO within a group and a scope."""
+    groups: OrderedDict[str, deque[Record]] = OrderedDict()
+    for row in waiting:  # already oldest first, so groups are ordered by their oldest waiter
+        groups.setdefault(row["group_key"], deque()).append(row)
+    blocked: set[str] = set()
+    chosen: list[uuid.UUID] = []
+    while groups:
+        for group in list(groups):
+            row = groups[group].popleft()
+            if not groups[group]:
+                del groups[group]
+            needs = row["scopes"]
+            if any(s in blocked for s in needs):
+                blocked.update(needs)
+                continue
+            if all(used.get(s, 0) < limits.get(s, math.inf) for s in needs):
+                for s in needs:
+                    used[s] = used.get(s, 0) + 1
+                chosen.append(row["task_id"])
+            else:
+                blocked.update(needs)
+    return chosen

@@ -1,0 +1,578 @@
+"""``python -m engine bench resize``: resize and takeover across three real engine processes.
+
+The scenario (one fresh database, issue #5 item 7):
+
+1. three ``python -m engine.bench.worker`` processes (the full service: refresher, generations,
+   recovery, load sampler) with a short refresh interval (:data:`REFRESH_INTERVAL` = 0.5 s) and
+   the default 6 refresh periods before an instance is stale (stale window 3 s); recovery every
+   1 s with ``recovery.stale_after`` 3 s;
+2. one model ``m`` with a limit of 10, set from this process through a client-only engine;
+3. 600 simulated tasks (a single poll of 200 ms each; 200 in ``--quick``) submitted at once;
+4. while they run the limit goes 10 → 3 → 20 (held 3 s, 3 s, 1.5 s), then one process is
+   SIGKILLed; the scenario waits until every task is final and the survivors hold the whole
+   capacity, with deadlines.
+
+Meanwhile this process samples the registry (``instance_id, allocated`` of every row) every
+50 ms, and the workers record (``--record``) every provider ``submit`` and every change of the
+claim limit they apply. Figures:
+
+``tasks_lost``
+    submitted minus final (succeeded, failed, cancelled or manual_review) at the end.
+``tasks_run_twice``
+    tasks with more than one ``task.succeeded``/``task.failed`` event, or with more than one
+    ``bench_submission`` row (the worker writes that row *before* the simulated upstream is
+    called, so every attempt to reach the upstream is on record).
+``over_allocation_samples``
+    From the task events, each execution is an interval on its instance: ``task.started`` up to
+    the same task's next event with a status other than ``running`` (a final one, or back to
+    ``queued``: requeued, waiting for admission, rate limited) or its next ``task.started``
+    (another execution took over); an execution of the killed process ends at the kill at the
+    latest. At every registry sample instant *t* and for every instance *i*, ``running_i(t)``
+    is the number of its intervals containing *t* and ``allocated_i(t)`` the value sampled. A resize never cancels work (§5.4): executions that
+    started while the allocation was larger may finish after it shrank. So a sample counts as
+    over-allocated when ``running_i(t) > max(allocated_i(t), carried_i(t))``, where
+    ``carried_i(t)`` counts the running executions that started before the last decrease of
+    ``allocated_i`` (seen at sample instant *c*) plus a tolerance of one sample period (50 ms:
+    the sampling resolution, and the gap between a job's claim, when its slot is taken, and its
+    ``task.started`` event). Equivalently: once the allocation shrank, the process must not
+    start anything new until the carried-over executions are down to the new allocation.
+    ``over_allocation_samples_raw`` is the plain count of ``running > allocated``
+    (informational: it includes the carried-over executions), and ``carryover_max_seconds``
+    the longest time after a decrease until ``running <= allocated`` again (at most about one
+    task's duration when nothing new starts).
+``converge_seconds``
+    For each limit change: from the moment ``set_model`` returned to the first registry sample
+    where the live instances' ``allocated`` are the even split of the new limit (⌊L/n⌋ each,
+    L mod n of them one more) and sum to L. The maximum over the changes. If a change does not
+    converge before the next one, the time it was held is reported (a lower bound that misses).
+``takeover_seconds``
+    From the SIGKILL to the first registry sample where the two survivors' ``allocated`` are
+    the even split of the whole limit (and the dead row holds 0).
+``converge_applied_seconds`` / ``takeover_applied_seconds``
+    The same, but with the claim limits the processes actually *apply* (``bench_claim_limit``,
+    polled every 5 ms in each worker) instead of the registry: when the new split is in force,
+    not only decided.
+
+Targets (issue #5): the first three 0; converge ≤ 2 refresh intervals (1 s); takeover ≤ the
+stale window + one refresh interval (3.5 s).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import tempfile
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+import attrs
+import trio
+
+from engine.bench.common import BenchDatabase
+from engine.bench.worker import (
+    BENCH_TABLES_SQL,
+    WorkerProcess,
+    kill_processes,
+    spawn_worker,
+    stop_workers,
+)
+from engine.config import load_config
+from engine.db.bridge import Pool
+from engine.db.database import DatabaseUrls
+from engine.providers.simulated import Latency, SimulationConfig
+from engine.service.engine import Engine, open_engine
+from engine.tasks.models import Identity, RunMode, TaskRequest
+
+__all__ = [
+    "REFRESH_INTERVAL",
+    "STALE_WINDOW",
+    "TARGETS",
+    "Execution",
+    "RegistrySample",
+    "converge_time",
+    "even_split",
+    "executions_from_events",
+    "over_allocation",
+    "run_resize_bench",
+]
+
+#: ``worker.refresh_interval`` of the workers, seconds.
+REFRESH_INTERVAL: Final = 0.5
+#: ``worker.heartbeat_stale_factor`` (the reference's 6 periods).
+STALE_FACTOR: Final = 6
+#: Seconds without a heartbeat before an instance leaves the split.
+STALE_WINDOW: Final = REFRESH_INTERVAL * STALE_FACTOR
+#: How often the registry is sampled, seconds.
+SAMPLE_PERIOD: Final = 0.05
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "tasks_lost": ("<=", 0.0),
+    "tasks_run_twice": ("<=", 0.0),
+    "over_allocation_samples": ("<=", 0.0),
+    "converge_seconds": ("<=", 2 * REFRESH_INTERVAL),
+    "takeover_seconds": ("<=", STALE_WINDOW + REFRESH_INTERVAL),
+}
+
+MODEL: Final = "m"
+WORKERS: Final = 3
+#: The limits in order: the first is set before the tasks, the others while they run.
+LIMITS: Final = (10, 3, 20)
+TASK_SECONDS: Final = 0.2
+
+WORKER_SETTINGS: Final[dict[str, str]] = {
+    "worker.refresh_interval": str(REFRESH_INTERVAL),
+    "worker.heartbeat_stale_factor": str(STALE_FACTOR),
+    "worker.hard_limit": "100",
+    "recovery.stale_after": str(STALE_WINDOW),
+    "recovery.interval": "1",
+    "metrics.enabled": "false",
+    "tasks.demo_catalogue": "false",
+    "database.migrate_on_start": "false",
+    "database.pool_max_size": "8",
+}
+
+#: Each task spends ~200 ms "upstream": one poll that takes 200 ms.
+SIMULATION: Final = SimulationConfig(poll=Latency("fixed", TASK_SECONDS), polls=1)
+
+_IDENTITY: Final = Identity(tenant_id="bench", user_id="bench")
+_FINAL: Final = ("succeeded", "failed", "cancelled", "manual_review")
+
+
+@attrs.frozen
+class _Plan:
+    tasks: int
+    holds: tuple[float, float, float]
+    """Seconds each limit is held; after the last one a process is killed."""
+    finish_timeout: float
+    overall_timeout: float
+
+
+_FULL: Final = _Plan(tasks=600, holds=(3.0, 3.0, 1.5), finish_timeout=45.0, overall_timeout=110.0)
+_QUICK: Final = _Plan(tasks=200, holds=(1.5, 1.5, 1.0), finish_timeout=30.0, overall_timeout=55.0)
+
+
+# ---- analysis (pure) --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RegistrySample:
+    """The registry at one instant: ``allocated`` per instance (``at``: Unix seconds)."""
+
+    at: float
+    allocated: Mapping[str, int]
+
+
+@attrs.frozen
+class Execution:
+    """One execution of a task on an instance, from its ``task.started`` to its end."""
+
+    task_id: uuid.UUID
+    instance_id: str
+    start: float
+    end: float
+
+
+def even_split(total: int, n: int) -> list[int]:
+    """The even split of ``total`` over ``n`` instances, largest first (no caps)."""
+    if n <= 0:
+        return []
+    base, extra = divmod(total, n)
+    return [base + 1] * extra + [base] * (n - extra)
+
+
+def executions_from_events(
+    events: Iterable[tuple[uuid.UUID, str, str | None, str | None, float]],
+    *,
+    killed: Mapping[str, float],
+    horizon: float,
+) -> list[Execution]:
+    """Rebuild executions from ``(task_id, type, status, instance_id, at)`` events sorted by
+    time.
+
+    An execution starts at ``task.started`` and ends at the task's next event whose status is
+    not ``running`` (succeeded, failed, cancelled, manual_review, or back to queued: requeued,
+    waiting for admission, rate limited...) or its next ``task.started``; one of a killed
+    instance ends at the kill (``killed``) at the latest; anything still open ends at
+    ``horizon``.
+    """
+    open_runs: dict[uuid.UUID, tuple[str, float]] = {}
+    done: list[Execution] = []
+
+    def close(task_id: uuid.UUID, at: float) -> None:
+        previous = open_runs.pop(task_id, None)
+        if previous is not None:
+            instance_id, start = previous
+            # A killed process ran nothing after its kill, whoever took the task over later.
+            end = min(at, killed.get(instance_id, math.inf))
+            done.append(Execution(task_id, instance_id, start, max(start, end)))
+
+    for task_id, type_, status, instance_id, at in events:
+        if type_ == "task.started":
+            close(task_id, at)
+            open_runs[task_id] = (instance_id or "", at)
+        elif status is not None and status != "running":
+            close(task_id, at)
+    for task_id in list(open_runs):
+        close(task_id, horizon)
+    return done
+
+
+@attrs.frozen
+class OverAllocation:
+    """What :func:`over_allocation` found."""
+
+    samples: int
+    """(sample, instance) pairs over the allocation beyond carried-over executions."""
+    raw_samples: int
+    """(sample, instance) pairs with running > allocated, carried-over executions included."""
+    carryover_max_seconds: float
+    """Longest time from a decrease until running <= allocated again."""
+    worst: tuple[float, str, int, int] | None
+    """The first offending sample: (at, instance, running, allocated)."""
+
+
+def over_allocation(
+    samples: Sequence[RegistrySample],
+    executions: Sequence[Execution],
+    *,
+    tolerance: float = SAMPLE_PERIOD,
+    instances: Iterable[str] | None = None,
+    alive_until: Mapping[str, float] | None = None,
+) -> OverAllocation:
+    """Compare event-derived running counts with the sampled allocations; see the module
+    docstring (``over_allocation_samples``) for the rule.
+
+    ``alive_until`` stops checking an instance after that time (a killed process runs nothing;
+    its stale row still holds an allocation until the others drop it).
+    """
+    by_instance: dict[str, list[Execution]] = defaultdict(list)
+    for execution in executions:
+        by_instance[execution.instance_id].append(execution)
+    ids = set(instances) if instances is not None else set(by_instance)
+    until = dict(alive_until or {})
+    count = raw = 0
+    carry_max = 0.0
+    worst: tuple[float, str, int, int] | None = None
+    for instance_id in sorted(ids):
+        runs = by_instance.get(instance_id, [])
+        previous: int | None = None
+        decrease_at: float | None = None
+        settled = True
+        for sample in samples:
+            if sample.at > until.get(instance_id, math.inf):
+                break
+            allocated = sample.allocated.get(instance_id)
+            if allocated is None:
+                continue
+            if previous is not None and allocated < previous:
+                decrease_at, settled = sample.at, False
+            previous = allocated
+            running = [r for r in runs if r.start <= sample.at < r.end]
+            if len(running) > allocated:
+                raw += 1
+            elif not settled and decrease_at is not None:
+                settled = True
+                carry_max = max(carry_max, sample.at - decrease_at)
+            carried = 0
+            if decrease_at is not None:
+                carried = sum(1 for r in running if r.start < decrease_at + tolerance)
+            if len(running) > max(allocated, carried):
+                count += 1
+                if worst is None:
+                    worst = (sample.at, instance_id, len(running), allocated)
+    return OverAllocation(count, raw, round(carry_max, 3), worst)
+
+
+def converge_time(
+    samples: Sequence[RegistrySample],
+    *,
+    since: float,
+    until: float,
+    limit: int,
+    live: Sequence[str],
+    dead: Sequence[str] = (),
+) -> float | None:
+    """Seconds from ``since`` to the first sample in ``[since, until)`` where the ``live``
+    instances hold the even split of ``limit`` (and every ``dead`` one 0 or no row); None if
+    no sample in the window does."""
+    want = even_split(limit, len(live))
+    for sample in samples:
+        if sample.at < since:
+            continue
+        if sample.at >= until:
+            break
+        got = [sample.allocated.get(i) for i in live]
+        if any(g is None for g in got):
+            continue
+        if sorted((g or 0 for g in got), reverse=True) != want:
+            continue
+        if any(sample.allocated.get(d, 0) for d in dead):
+            continue
+        return sample.at - since
+    return None
+
+
+def applied_converge_time(
+    changes: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    since: float,
+    until: float,
+    limit: int,
+    live: Sequence[str],
+) -> float | None:
+    """Like :func:`converge_time` over the claim limits the processes applied: ``changes`` maps
+    an instance to its ``(at, claim_limit)`` records sorted by time."""
+    want = [float(v) for v in even_split(limit, len(live))]
+    instants = sorted(
+        {since} | {at for i in live for at, _ in changes.get(i, ()) if since <= at < until}
+    )
+    for instant in instants:
+        got: list[float] = []
+        for instance_id in live:
+            records = changes.get(instance_id, ())
+            index = bisect.bisect_right([at for at, _ in records], instant) - 1
+            if index < 0:
+                break
+            got.append(records[index][1])
+        else:
+            if sorted(got, reverse=True) == want:
+                return instant - since
+    return None
+
+
+# ---- the scenario -----------------------------------------------------------------------------
+
+
+def _now() -> float:
+    return datetime.now(UTC).timestamp()
+
+
+class _RegistrySampler:
+    """Samples ``engine_worker_instance`` every :data:`SAMPLE_PERIOD` until cancelled."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.samples: list[RegistrySample] = []
+
+    async def run(self) -> None:
+        deadline = trio.current_time()
+        while True:
+            before = _now()
+            rows = await self.pool.fetch(
+                "SELECT instance_id, allocated FROM engine_worker_instance"
+            )
+            after = _now()
+            self.samples.append(
+                RegistrySample(
+                    (before + after) / 2, {r["instance_id"]: int(r["allocated"]) for r in rows}
+                )
+            )
+            deadline = max(deadline + SAMPLE_PERIOD, trio.current_time())
+            await trio.sleep_until(deadline)
+
+
+async def _final_count(client: Engine) -> int:
+    counts = await client.counts()
+    return sum(counts.get(status, 0) for status in _FINAL)
+
+
+async def _wait_all_final(client: Engine, tasks: int) -> None:
+    # Database state has no event to await: poll it.
+    while True:
+        if await _final_count(client) >= tasks:
+            return
+        await trio.sleep(0.1)
+
+
+async def _wait_until_split(
+    sampler: _RegistrySampler, limit: int, live: Sequence[str], timeout: float
+) -> None:
+    with trio.fail_after(timeout):
+        while True:
+            if sampler.samples:
+                last = sampler.samples[-1]
+                got = sorted((last.allocated.get(i, 0) for i in live), reverse=True)
+                if got == even_split(limit, len(live)):
+                    return
+            await trio.sleep(SAMPLE_PERIOD)
+
+
+async def _run(admin_url: str, plan: _Plan, log_dir: Path) -> dict[str, float]:
+    results: dict[str, float] = {}
+    async with BenchDatabase(admin_url, max_size=4) as db:
+        url = db.urls.tasks
+        await db.tasks.execute(BENCH_TABLES_SQL)
+        config = load_config(env={}, overrides={**WORKER_SETTINGS, "worker.mode": "client"})
+        async with open_engine(config, urls=DatabaseUrls.single(url), execute=False) as client:
+            await client.set_model(MODEL, concurrency_limit=LIMITS[0])
+            workers: list[WorkerProcess] = []
+            try:
+                async with trio.open_nursery() as nursery:
+                    for n in range(WORKERS):
+                        nursery.start_soon(_spawn_into, workers, url, log_dir / f"worker-{n}.log")
+                ids = [w.instance_id for w in workers]
+                sampler = _RegistrySampler(db.coordination)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sampler.run)
+                    await _wait_until_split(sampler, LIMITS[0], ids, timeout=10)
+                    results.update(await _timeline(client, db.tasks, sampler, workers, plan))
+                    nursery.cancel_scope.cancel(reason="scenario done")
+                await stop_workers(workers)
+            finally:
+                await kill_processes([w.process for w in workers])
+    return results
+
+
+async def _spawn_into(workers: list[WorkerProcess], url: str, log_path: Path) -> None:
+    workers.append(
+        await spawn_worker(url, WORKER_SETTINGS, SIMULATION, log_path=log_path, record=True)
+    )
+
+
+async def _timeline(
+    client: Engine,
+    tasks_pool: Pool,
+    sampler: _RegistrySampler,
+    workers: list[WorkerProcess],
+    plan: _Plan,
+) -> dict[str, float]:
+    ids = [w.instance_id for w in workers]
+    requests = [
+        TaskRequest(model=MODEL, payload={"n": n}, identity=_IDENTITY, run_mode=RunMode.SIMULATION)
+        for n in range(plan.tasks)
+    ]
+    started = _now()
+    await client.submit(requests)
+    await trio.sleep(plan.holds[0])
+    changes: list[tuple[float, int]] = []
+    for limit, hold in zip(LIMITS[1:], plan.holds[1:], strict=True):
+        await client.set_model(MODEL, concurrency_limit=limit)
+        changes.append((_now(), limit))
+        await trio.sleep(hold)
+    victim = workers[0]
+    remaining_at_kill = plan.tasks - await _final_count(client)
+    victim.process.kill()
+    killed_at = _now()
+    survivors = [w.instance_id for w in workers if w is not victim]
+    final_limit = LIMITS[-1]
+    with trio.move_on_after(plan.finish_timeout):
+        await _wait_all_final(client, plan.tasks)
+    finished_at = _now()
+    # Takeover needs the stale window to pass even when the tasks are done.
+    with trio.move_on_after(STALE_WINDOW + 10 * REFRESH_INTERVAL):
+        await _wait_until_split(sampler, final_limit, survivors, timeout=math.inf)
+    await trio.sleep(0.5)  # the last events are written in 50 ms batches
+    horizon = _now()
+
+    counts = await client.counts()
+    final = sum(counts.get(status, 0) for status in _FINAL)
+    twice = await tasks_pool.fetchval(
+        """
+        SELECT count(*) FROM (
+            SELECT task_id FROM engine_task_event
+            WHERE type IN ('task.succeeded', 'task.failed')
+            GROUP BY task_id HAVING count(*) > 1
+            UNION
+            SELECT task_id FROM bench_submission GROUP BY task_id HAVING count(*) > 1
+        ) AS t
+        """
+    )
+    events = [
+        (r["task_id"], r["type"], r["status"], r["instance_id"], r["at"].timestamp())
+        for r in await tasks_pool.fetch(
+            "SELECT task_id, type, status, instance_id, at FROM engine_task_event ORDER BY at, id"
+        )
+    ]
+    executions = executions_from_events(
+        events, killed={victim.instance_id: killed_at}, horizon=horizon
+    )
+    interrupted = sum(
+        1 for e in executions if e.instance_id == victim.instance_id and e.end == killed_at
+    )
+    samples = list(sampler.samples)
+    over = over_allocation(
+        samples, executions, instances=ids, alive_until={victim.instance_id: killed_at}
+    )
+
+    claim_rows = await tasks_pool.fetch(
+        "SELECT instance_id, at, claim_limit FROM bench_claim_limit ORDER BY at"
+    )
+    applied: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in claim_rows:
+        applied[row["instance_id"]].append((row["at"].timestamp(), float(row["claim_limit"])))
+
+    converge: list[float] = []
+    converge_applied: list[float] = []
+    bounds = [*(at for at, _ in changes[1:]), killed_at]
+    for (at, limit), until in zip(changes, bounds, strict=True):
+        found = converge_time(samples, since=at, until=until, limit=limit, live=ids)
+        converge.append(until - at if found is None else found)
+        found = applied_converge_time(applied, since=at, until=until, limit=limit, live=ids)
+        converge_applied.append(until - at if found is None else found)
+    takeover = converge_time(
+        samples,
+        since=killed_at,
+        until=math.inf,
+        limit=final_limit,
+        live=survivors,
+        dead=[victim.instance_id],
+    )
+    takeover_applied = applied_converge_time(
+        applied, since=killed_at, until=math.inf, limit=final_limit, live=survivors
+    )
+    submissions = await tasks_pool.fetchval("SELECT count(*) FROM bench_submission")
+    elapsed = finished_at - started
+
+    return {
+        "tasks": float(plan.tasks),
+        "tasks_lost": float(plan.tasks - final),
+        "tasks_run_twice": float(twice),
+        "over_allocation_samples": float(over.samples),
+        "over_allocation_samples_raw": float(over.raw_samples),
+        "carryover_max_seconds": over.carryover_max_seconds,
+        "converge_seconds": round(max(converge), 3),
+        "converge_applied_seconds": round(max(converge_applied), 3),
+        "takeover_seconds": round(takeover if takeover is not None else math.inf, 3),
+        "takeover_applied_seconds": round(
+            takeover_applied if takeover_applied is not None else math.inf, 3
+        ),
+        "tasks_succeeded": float(counts.get("succeeded", 0)),
+        "tasks_manual_review": float(counts.get("manual_review", 0)),
+        "tasks_failed": float(counts.get("failed", 0)),
+        "tasks_remaining_at_kill": float(remaining_at_kill),
+        "executions_interrupted_by_kill": float(interrupted),
+        "upstream_submissions": float(submissions),
+        "registry_samples": float(len(samples)),
+        "seconds": round(elapsed, 3),
+    }
+
+
+async def run_resize_bench(admin_url: str, *, quick: bool = False) -> dict[str, float]:
+    """Run the resize scenario on a fresh database on ``admin_url``'s server (see the module
+    docstring); every worker process is stopped on the way out, whatever happens.
+
+    Raises:
+        trio.TooSlowError: the whole scenario took longer than its bound (110 s, quick 55 s).
+    """
+    plan = _QUICK if quick else _FULL
+    with tempfile.TemporaryDirectory(prefix="engine-bench-resize-") as tmp:
+        log_dir = Path(tmp)
+        try:
+            with trio.fail_after(plan.overall_timeout):
+                return await _run(admin_url, plan, log_dir)
+        except BaseException:
+            _print_logs(log_dir)
+            raise
+
+
+def _print_logs(log_dir: Path) -> None:
+    """On failure, show the end of each worker's log (the directory is about to go)."""
+    for path in sorted(log_dir.glob("*.log")):
+        lines = path.read_text(errors="replace").splitlines()[-30:]
+        if lines:
+            print(f"--- {path.name} (last {len(lines)} lines)")
+            print("\n".join(lines))
