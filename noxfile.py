@@ -42,6 +42,13 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session
+def chaos(session: nox.Session) -> None:
+    """Crash scenarios against real engine processes (``bench chaos`` at quick sizes), as tests."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "chaos", "engine_tests/chaos", *session.posargs)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Run every benchmark scenario and write one markdown table to bench-results.md."""
     session.install("-e", ".")

@@ -1,1 +1,57 @@
-"""engine: a durable task engine for trio applications, on PostgreSQL."""
+"""engine: a durable task engine for trio applications, on PostgreSQL.
+
+The public face for embedding apps::
+
+    import engine
+
+    config = engine.load_config()
+    async with engine.open(config, providers={"my-model": MyProvider()}) as eng:
+        task_id = await eng.submit(engine.TaskRequest(model="my-model", payload={...},
+                                                      identity=engine.Identity(...)))
+        task = await eng.wait(task_id)
+
+``engine.testing`` gives an embedding app's tests a real database and a running engine;
+``python -m engine`` runs the whole service.
+"""
+
+from engine._version import __version__ as __version__
+from engine.config import EngineConfig as EngineConfig
+from engine.config import load_config as load_config
+from engine.errors import EngineError as EngineError
+from engine.errors import InvalidTask as InvalidTask
+from engine.errors import TaskNotFound as TaskNotFound
+from engine.providers.base import AmbiguousSubmission as AmbiguousSubmission
+from engine.providers.base import PollResult as PollResult
+from engine.providers.base import Provider as Provider
+from engine.providers.base import ProviderError as ProviderError
+from engine.providers.simulated import SimulatedProvider as SimulatedProvider
+from engine.providers.simulated import SimulationConfig as SimulationConfig
+from engine.service.engine import Engine as Engine
+from engine.service.engine import open_engine as open
+from engine.tasks.models import Identity as Identity
+from engine.tasks.models import RunMode as RunMode
+from engine.tasks.models import Task as Task
+from engine.tasks.models import TaskRequest as TaskRequest
+from engine.tasks.models import TaskStatus as TaskStatus
+
+__all__ = [
+    "AmbiguousSubmission",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "Identity",
+    "InvalidTask",
+    "PollResult",
+    "Provider",
+    "ProviderError",
+    "RunMode",
+    "SimulatedProvider",
+    "SimulationConfig",
+    "Task",
+    "TaskNotFound",
+    "TaskRequest",
+    "TaskStatus",
+    "__version__",
+    "load_config",
+    "open",
+]

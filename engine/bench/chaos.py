@@ -93,8 +93,10 @@ __all__ = [
     "ChaosScenario",
     "FaultReport",
     "WorkerProcess",
+    "restart_server",
     "run_chaos_bench",
     "run_chaos_scenario",
+    "scenario_targets",
 ]
 
 log = logging.getLogger(__name__)

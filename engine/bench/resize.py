@@ -28,18 +28,20 @@ claim limit they apply. Figures:
     ``queued``: requeued, waiting for admission, rate limited) or its next ``task.started``
     (another execution took over); an execution of the killed process ends at the kill at the
     latest. At every registry sample instant *t* and for every instance *i*, ``running_i(t)``
-    is the number of its intervals containing *t* and ``allocated_i(t)`` the value sampled. A resize never cancels work (§5.4): executions that
-    started while the allocation was larger may finish after it shrank. So a sample counts as
-    over-allocated when ``running_i(t) > max(allocated_i(t), carried_i(t))``, where
-    ``carried_i(t)`` counts the running executions that started before the last decrease of
-    ``allocated_i`` (seen at sample instant *c*) plus a tolerance of one sample period (50 ms:
-    the sampling resolution, and the gap between a job's claim, when its slot is taken, and its
+    is the number of its intervals containing *t* and ``allocated_i(t)`` the value sampled.
+    A resize never cancels work (§5.4): executions that started while the allocation was
+    larger may finish after it shrank. So a sample counts as over-allocated when
+    ``running_i(t) > max(allocated_i(t), carried_i(t))``, where ``carried_i(t)`` counts the
+    running executions that started before the last decrease of ``allocated_i`` (first seen at
+    a sample instant *c*) plus a tolerance of one sample period (50 ms: the sampling
+    resolution, and the gap between a job's claim, when its slot is taken, and its
     ``task.started`` event). Equivalently: once the allocation shrank, the process must not
-    start anything new until the carried-over executions are down to the new allocation.
-    ``over_allocation_samples_raw`` is the plain count of ``running > allocated``
-    (informational: it includes the carried-over executions), and ``carryover_max_seconds``
-    the longest time after a decrease until ``running <= allocated`` again (at most about one
-    task's duration when nothing new starts).
+    start anything new until the carried-over executions are down to the new allocation. The
+    killed process is checked up to its kill only (its stale row keeps an allocation until the
+    survivors drop it). ``over_allocation_samples_raw`` is the plain count of
+    ``running > allocated`` (informational: it includes the carried-over executions), and
+    ``carryover_max_seconds`` the longest time after a decrease until ``running <= allocated``
+    again (about one task's duration at most when nothing new starts).
 ``converge_seconds``
     For each limit change: from the moment ``set_model`` returned to the first registry sample
     where the live instances' ``allocated`` are the even split of the new limit (⌊L/n⌋ each,
@@ -380,6 +382,22 @@ async def _final_count(client: Engine) -> int:
     return sum(counts.get(status, 0) for status in _FINAL)
 
 
+async def _running_on(pool: Pool, instance_id: str) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM engine_task WHERE status = 'running' AND execution_owner = $1",
+            instance_id,
+        )
+    )
+
+
+async def _wait_running(pool: Pool, instance_id: str) -> None:
+    while True:  # database state: poll it
+        if await _running_on(pool, instance_id):
+            return
+        await trio.sleep(0.01)
+
+
 async def _wait_all_final(client: Engine, tasks: int) -> None:
     # Database state has no event to await: poll it.
     while True:
@@ -454,9 +472,14 @@ async def _timeline(
         changes.append((_now(), limit))
         await trio.sleep(hold)
     victim = workers[0]
-    remaining_at_kill = plan.tasks - await _final_count(client)
+    # Kill it in the middle of work: wait (briefly) until it runs something.
+    with trio.move_on_after(2.0):
+        await _wait_running(tasks_pool, victim.instance_id)
     victim.process.kill()
     killed_at = _now()
+    await victim.process.wait()
+    remaining_at_kill = plan.tasks - await _final_count(client)
+    interrupted = await _running_on(tasks_pool, victim.instance_id)
     survivors = [w.instance_id for w in workers if w is not victim]
     final_limit = LIMITS[-1]
     with trio.move_on_after(plan.finish_timeout):
@@ -489,9 +512,6 @@ async def _timeline(
     ]
     executions = executions_from_events(
         events, killed={victim.instance_id: killed_at}, horizon=horizon
-    )
-    interrupted = sum(
-        1 for e in executions if e.instance_id == victim.instance_id and e.end == killed_at
     )
     samples = list(sampler.samples)
     over = over_allocation(
@@ -544,7 +564,7 @@ async def _timeline(
         "tasks_manual_review": float(counts.get("manual_review", 0)),
         "tasks_failed": float(counts.get("failed", 0)),
         "tasks_remaining_at_kill": float(remaining_at_kill),
-        "executions_interrupted_by_kill": float(interrupted),
+        "tasks_interrupted_by_kill": float(interrupted),
         "upstream_submissions": float(submissions),
         "registry_samples": float(len(samples)),
         "seconds": round(elapsed, 3),

@@ -30,6 +30,8 @@ class Scenario:
 def _scenarios() -> dict[str, Scenario]:
     from engine.bench.chaos import TARGETS as CHAOS_TARGETS
     from engine.bench.chaos import run_chaos_bench
+    from engine.bench.load import TARGETS as LOAD_TARGETS
+    from engine.bench.load import run_load_bench
     from engine.bench.queue import TARGETS as QUEUE_TARGETS
     from engine.bench.queue import run_queue_bench
     from engine.bench.resize import TARGETS as RESIZE_TARGETS
@@ -42,6 +44,7 @@ def _scenarios() -> dict[str, Scenario]:
         Scenario("tasks", run_tasks_bench, TASK_TARGETS),
         Scenario("chaos", run_chaos_bench, CHAOS_TARGETS),
         Scenario("resize", run_resize_bench, RESIZE_TARGETS),
+        Scenario("load", run_load_bench, LOAD_TARGETS),
     ]
     return {s.name: s for s in found}
 

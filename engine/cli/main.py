@@ -194,10 +194,12 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a tenth of the work, for smoke tests")
     # Imported here: these modules use this one's exit codes. Their leaf commands store their
     # runner as ``cli_run``, which _dispatch calls.
+    from engine.cli.demo import add_demo_command
     from engine.cli.inspect import add_inspect_commands
     from engine.cli.submit import add_submit_command
 
     add_submit_command(commands)
+    add_demo_command(commands)
     add_inspect_commands(commands)
     return parser
 

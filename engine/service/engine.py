@@ -79,6 +79,8 @@ class Engine:
         self.keeper = keeper
         self.runner = runner
         self.simulated = simulated
+        #: Where the service serves its metrics (set by ``run_service``; None otherwise).
+        self.metrics_url: str | None = None
 
     @property
     def instance_id(self) -> str:

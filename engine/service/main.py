@@ -177,14 +177,11 @@ async def run_service(
                     ready=lambda: ready,
                 )
                 port = await root.start(supervise, "metrics", server.run)
+                eng.metrics_url = f"http://{config.metrics.host}:{port}/metrics"
                 log.info(
-                    "metrics served",
-                    extra={
-                        "event": "metrics_started",
-                        "url": f"http://{config.metrics.host}:{port}/metrics",
-                    },
+                    "metrics served", extra={"event": "metrics_started", "url": eng.metrics_url}
                 )
-                print(f"engine: metrics at http://{config.metrics.host}:{port}/metrics", flush=True)
+                print(f"engine: metrics at {eng.metrics_url}", flush=True)
             sampler = None
             if worker:
                 sampler = LoadSamplerService(

@@ -45,3 +45,39 @@ async def test_listener_relistens_after_its_backend_is_killed(
         assert listener.connection is not None
         assert listener.connection.backend_pid != old_pid
         nursery.cancel_scope.cancel()
+
+
+async def test_listener_relistens_after_the_server_restarts(aio_loop: None) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from engine.db import embedded
+    from engine.db.bridge import connect
+
+    def start() -> tuple[embedded.EmbeddedServer, Path]:
+        data_dir = Path(tempfile.mkdtemp(prefix="engine-restart-"))
+        data_dir.chmod(0o755)
+        return embedded.acquire(data_dir, unsafe_fast=True), data_dir
+
+    server, data_dir = await trio.to_thread.run_sync(start)
+    url = server.dsn("postgres")
+    listener = Listener(url, ["ch"], health_interval=0.2)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            await trio.to_thread.run_sync(server.release)  # the server stops...
+            server = await trio.to_thread.run_sync(
+                lambda: embedded.acquire(data_dir)
+            )  # ...and starts
+            with trio.fail_after(20):
+                while listener.reconnects == 0:
+                    await trio.sleep(0.02)
+                conn = await connect(url)
+                try:
+                    await conn.execute("SELECT pg_notify('ch', 'back')")
+                finally:
+                    await conn.close()
+                assert await _next_real(listener) == Notification("ch", "back")
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(server.release)

@@ -196,3 +196,32 @@ async def test_startup_waits_for_a_database_that_comes_up() -> None:
     finally:
         proc.kill()
         server.release()
+
+
+async def _scrape(url: str) -> str:
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        body = b""
+        while chunk := await stream.receive_some():
+            body += chunk
+    head, _, text = body.decode().partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 200")
+    return text
+
+
+async def test_metrics_endpoint_reports_a_run(db_url: str) -> None:
+    async with service(db_url, **{"metrics.enabled": "true", "metrics.port": "0"}) as (eng, _):
+        assert eng.metrics_url is not None
+        await eng.set_model("sim-model", concurrency_limit=3)
+        ids = await eng.submit([request() for _ in range(5)])
+        for task_id in ids:
+            assert (await eng.wait(task_id, timeout=10)).status is TaskStatus.SUCCEEDED
+        text = await _scrape(eng.metrics_url)
+    assert 'engine_tasks_total{status="succeeded"} 5.0' in text
+    assert 'engine_async_worker_capacity{kind="current"} 3.0' in text
+    assert 'engine_async_worker_resize_total{outcome="success"}' in text
+    assert "engine_job_completions_total" in text
+    assert 'engine_worker_pressure_state{state="normal"} 1.0' in text

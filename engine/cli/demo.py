@@ -1,0 +1,66 @@
+"""``python -m engine demo``: the service and a batch of demo tasks in one process, for a first
+look (the service starts, submits, shows the tasks' progress until they are final, stops)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from engine.cli.inspect import positive_int
+from engine.cli.submit import Progress, ProgressDisplay, follow_tasks
+from engine.config import EngineConfig
+from engine.db.bridge import asyncio_loop
+from engine.db.resolve import open_urls
+from engine.service.main import DEMO_MODELS, run_service
+from engine.tasks.models import Identity, RunMode, TaskRequest
+
+__all__ = ["add_demo_command", "run_demo"]
+
+
+def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Run ``demo``; exit 0 once every demo task is final (some fail on purpose: 5 %)."""
+    from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK, _until_signal
+
+    async def demo() -> None:
+        async with asyncio_loop(), open_urls(config) as urls, trio.open_nursery() as nursery:
+            eng = await nursery.start(run_service, config, urls)
+            if not await eng.db.coordination.fetchval(
+                "SELECT enabled FROM engine_model WHERE name = $1", args.model
+            ):
+                await eng.set_model(args.model, concurrency_limit=DEMO_MODELS.get(args.model))
+            requests = [
+                TaskRequest(
+                    model=args.model,
+                    payload={"prompt": f"demo {n}"},
+                    identity=Identity(tenant_id="demo", user_id="demo"),
+                    run_mode=RunMode.SIMULATION,
+                )
+                for n in range(args.count)
+            ]
+            started = trio.current_time()
+            ids = await eng.submit(requests)
+            print(f"engine demo: submitted {len(ids)} tasks to {args.model}", flush=True)
+            display = ProgressDisplay(sys.stdout)
+            progress = Progress(total=len(ids))
+            await follow_tasks(eng, ids, progress, display, started=started)
+            display.finish(progress, interrupted=False)
+            nursery.cancel_scope.cancel(reason="demo finished")
+
+    if trio.run(_until_signal, demo) is not None:
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``demo`` to the CLI; it stores :func:`run_demo` as ``cli_run``."""
+    help = "run the service and a batch of demo tasks in one process, then stop"
+    parser = commands.add_parser("demo", help=help, description=help)
+    parser.add_argument(
+        "--model", default="demo-image", metavar="M", help="the model to run (default demo-image)"
+    )
+    parser.add_argument(
+        "--count", type=positive_int, default=50, metavar="N", help="tasks to submit (default 50)"
+    )
+    parser.set_defaults(cli_run=run_demo)
