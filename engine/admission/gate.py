@@ -6,12 +6,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import attrs
+import trio
 
 from engine.db.bridge import Pool, Record
 from engine.db.sqlfiles import QUERIES
 from engine.tasks.models import Task
 
-__all__ = ["Admitted", "RateLimited", "Waiting", "admit"]
+__all__ = ["Admitted", "RateLimited", "ScopeCatalog", "Waiting", "admit"]
 
 _LIMITS = QUERIES["scope_limits_for_task"]
 _LOCK = QUERIES["scope_lock"]
@@ -50,8 +51,33 @@ class RateLimited:
 Outcome = Admitted | Waiting | RateLimited
 
 
+class ScopeCatalog:
+    """The limited scopes of each (model, group), read at most once per ``ttl`` seconds.
+
+    Admission runs for every task; without this cache an unlimited model would still cost a
+    query per task. A changed limit applies within ``ttl`` (the capacity refresher polls on a
+    similar period).
+    """
+
+    def __init__(self, pool: Pool, ttl: float = 1.0) -> None:
+        self.pool = pool
+        self.ttl = ttl
+        self._cache: dict[tuple[str, str | None], tuple[float, list[Record]]] = {}
+
+    async def scopes(self, model: str, group_key: str | None) -> list[Record]:
+        """The rows of ``scope_limits_for_task`` for this model and group."""
+        key = (model, group_key)
+        now = trio.current_time()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        rows = await self.pool.fetch(_LIMITS, model, group_key)
+        self._cache[key] = (now, rows)
+        return rows
+
+
 async def admit(
-    pool: Pool,
+    catalog: ScopeCatalog,
     task: Task,
     token: uuid.UUID,
     owner: str,
@@ -62,11 +88,12 @@ async def admit(
 
     One transaction: lock the task's scopes in sorted order, check room and the line, then
     either take the slots (and rate tokens) or join the line and give the task back to the
-    queue. Tasks of unlimited models and groups pass at once with one query.
+    queue. Tasks of unlimited models and groups pass at once, without a query.
     """
-    rows = await pool.fetch(_LIMITS, task.model, task.group_key)
+    rows = await catalog.scopes(task.model, task.group_key)
     if not rows:
         return Admitted()
+    pool = catalog.pool
     concurrency = [r["scope"] for r in rows if (r["concurrency_limit"] or 0) > 0]
     limit = {r["scope"]: r["concurrency_limit"] for r in rows}
     rates = [r for r in rows if (r["rate_limit"] or 0) > 0]

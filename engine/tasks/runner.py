@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from engine.admission.gate import RateLimited, Waiting, admit
+from engine.admission.gate import RateLimited, ScopeCatalog, Waiting, admit
 from engine.errors import LeaseUnavailable, LockTimeout, ManualReview
 from engine.load.controller import LoadController, LoadLease, Phase
 from engine.load.retry_delay import worker_load_retry_delay
@@ -145,6 +145,7 @@ class TaskRunner:
         self.load = load
         self.lock_timeout_delay = lock_timeout_delay
         self.queue_timeout = queue_timeout
+        self.scopes = ScopeCatalog(store.pool)
         #: Called with each outcome this process records (metrics count them).
         self.on_finished: Callable[[TaskStatus], None] | None = None
 
@@ -282,7 +283,7 @@ class TaskRunner:
             )
             raise ManualReview()
         outcome = await admit(
-            self.store.pool, task, token, self.instance_id, queue_timeout=self.queue_timeout
+            self.scopes, task, token, self.instance_id, queue_timeout=self.queue_timeout
         )
         if isinstance(outcome, Waiting):
             # Back in the queue, in line for its scopes; the dispatcher enqueues it later.
