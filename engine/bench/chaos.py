@@ -4,9 +4,11 @@ Each scenario runs on fresh databases with three worker processes
 (:mod:`engine.bench.chaos_worker`: the full service, a simulated upstream of about 0.75 s per
 task, and a ledger that records every upstream submission before the upstream accepts it). The
 intervals are short (:data:`WORKER_SETTINGS`): heartbeat every 0.5 s, stale after 3 s, recovery
-every 1 s, task leases of 4 s renewed every 1 s. The bench process submits tasks open-loop at a
-steady rate (about 60 % of the 30 execution slots), injects the fault a third of the way
-through, keeps submitting, then waits (bounded) for every task to be final.
+every 1 s, task leases of 3 s renewed every 1 s (a dead execution is detected by its lease as
+soon as by its heartbeat). The bench process submits tasks open-loop at a steady rate (about
+60 % of the 30 execution slots: 500 tasks at 25/s, quick 150 at 20/s), injects the fault a
+third of the way through, keeps submitting, then waits (bounded: 60 s, quick 30 s) for every
+task to be final.
 
 Scenarios (:data:`CHAOS_SCENARIOS`):
 
@@ -20,8 +22,8 @@ Scenarios (:data:`CHAOS_SCENARIOS`):
   due one second later and holds ``SELECT … FOR UPDATE`` on those queued rows for 3 s, so the
   workers' claims hit SQLSTATE 55P03. The tasks must come back and complete after the release,
   and none may fail.
-* ``scope_limits`` (scope admissions and rate limits) is added to :data:`CHAOS_SCENARIOS` by
-  the admission work; see :class:`ChaosScenario` for the hook.
+* ``scope_limits`` (scope admissions and rate limits) is not here yet; it is added to
+  :data:`CHAOS_SCENARIOS`, and :data:`TARGETS` follows; :class:`ChaosScenario` shows how.
 
 Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…):
 
@@ -38,8 +40,10 @@ Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…)
     status after ``F``, and
   - a task claimed after ``F`` has completed (work flows end to end).
 
-  A task that never moves makes it the length of the whole wait (so the target is missed).
-  Target ≤ 5 s.
+  "Existed and was not final at ``F``" is ``created_at <= F`` and no ``finished_at`` before
+  ``F``, read from the rows afterwards, so it needs no racy snapshot; event times are the
+  workers' clocks, ``F`` the bench's, all on one host. A task that never moves makes it the
+  length of the whole wait (so the target is missed). Target ≤ 5 s.
 * ``manual_review``: tasks in manual review; expected only for submissions that were in flight
   (sent, answer not recorded) at the fault. They are final, not lost.
 * ``tasks_failed``: tasks that failed. The simulated upstream never fails, so each is a wrong
@@ -47,7 +51,8 @@ Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…)
 * per scenario: ``victim_running_tasks`` (tasks the killed worker was running),
   ``outage_seconds`` (how long ``pg_ctl restart`` took), ``backends_killed``,
   ``locked_tasks`` / ``blocked_claims`` (rows locked; jobs of locked tasks worked while the
-  locks were held, > 0 proves the lock-timeout path ran).
+  locks were held: ≥ 1 proves the lock-timeout path ran), ``locked_not_succeeded`` (locked
+  tasks that did not end succeeded, target 0), ``hold_seconds``.
 """
 
 from __future__ import annotations
@@ -111,7 +116,7 @@ WORKER_SETTINGS: Mapping[str, str] = {
     "worker.heartbeat_stale_factor": "6",
     "recovery.stale_after": "3",
     "recovery.interval": "1",
-    "tasks.lease_ttl": "4",
+    "tasks.lease_ttl": "3",
     "tasks.lease_renew_interval": "1",
     "metrics.enabled": "false",
     "tasks.demo_catalogue": "false",
@@ -231,6 +236,8 @@ class ChaosRun:
     workers: list[WorkerProcess] = attrs.field(factory=list)
     #: Ids of the tasks the bench submitted (committed), in order.
     submitted: list[uuid.UUID] = attrs.field(factory=list)
+    #: Free-form state a scenario's hooks share (e.g. the ids ``inject`` locked).
+    notes: dict[str, Any] = attrs.field(factory=dict)
 
     def alive(self) -> list[WorkerProcess]:
         """The workers not killed by the scenario."""
@@ -245,16 +252,27 @@ Injector = Callable[[ChaosRun], Awaitable[FaultReport]]
 class ChaosScenario:
     """A crash scenario; add one to :data:`CHAOS_SCENARIOS` to run it.
 
-    ``inject`` is awaited at the fault moment while the bench keeps submitting; it returns the
-    instant recovery is measured from and any figures of its own (prefixed with the scenario
-    name). ``settings`` are worker settings on top of :data:`WORKER_SETTINGS`;
-    ``private_server`` puts the engine database on a private embedded server. ``prepare`` runs
-    once the workers are up and before the load starts (e.g. models with limits);
-    ``make_requests`` replaces the default task mix (all on one unlimited model). ``targets``
-    are the scenario's own targets, by figure name without the prefix. A ``scope_limits``
-    scenario samples concurrency and rate from inside ``inject`` until
-    ``ChaosRun.submitted`` is complete and reports ``limit_exceeded_samples`` and
-    ``rate_exceeded_windows`` as figures with targets ``<= 0``.
+    A run, and where each hook comes in::
+
+        fresh databases, 3 workers up         settings: on top of WORKER_SETTINGS
+        prepare(run)                          e.g. models with limits and rate limits
+        load starts: make_requests(count),    open-loop; watch(run) runs alongside the
+          submitted at the scenario's rate    load (e.g. sampling) until every task is final
+        inject(run) a third of the way in     the fault; returns FaultReport(at, figures)
+        bounded wait for every task final
+        evaluate(run)                         figures of its own, from what it recorded
+
+    ``notes`` on :class:`ChaosRun` carries state between the hooks. Figures of ``inject`` and
+    ``evaluate`` are prefixed with the scenario name like the common ones; ``targets`` are the
+    scenario's own targets by unprefixed name. ``private_server`` puts the engine database on
+    a private embedded server (``run.server``).
+
+    The ``scope_limits`` scenario of issue 7 (1,000 tasks over 5 models with concurrency limits
+    and a rate limit) fits as: ``prepare`` sets the limits, ``make_requests`` spreads the tasks
+    over the models, ``inject`` is a fault under those limits (e.g. :func:`_sigkill_worker`:
+    the dead worker's scope slots must come back), ``watch`` samples running executions per
+    scope and ``evaluate`` reports ``limit_exceeded_samples`` and ``rate_exceeded_windows``
+    with targets ``("<=", 0.0)``.
     """
 
     name: str
@@ -264,6 +282,8 @@ class ChaosScenario:
     workers: int = _WORKERS
     prepare: Callable[[ChaosRun], Awaitable[None]] | None = None
     make_requests: Callable[[int], list[TaskRequest]] | None = None
+    watch: Callable[[ChaosRun], Awaitable[None]] | None = None
+    evaluate: Callable[[ChaosRun], Awaitable[dict[str, float]]] | None = None
     targets: Mapping[str, tuple[str, float]] = attrs.field(factory=dict)
 
 
@@ -521,7 +541,7 @@ async def _recovery_seconds(run: ChaosRun, fault: datetime, measured_until: date
         """,
         fault,
     )
-    log.info(
+    log.debug(
         "recovery measured",
         extra={
             "event": "chaos_recovery",
@@ -631,19 +651,33 @@ async def run_chaos_scenario(
             for index in range(scenario.workers):
                 nursery.start_soon(_spawn_worker, run, index)
         await _wait_allocated(run)
+        _phase(scenario, "workers ready")
         if scenario.prepare is not None:
             await scenario.prepare(run)
         make = scenario.make_requests or _default_requests
         requests = make(size.tasks)
         fault_delay = _FAULT_AT * len(requests) / size.rate
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_arrivals, run, requests, size.rate)
-            await trio.sleep(fault_delay)
-            fault = await scenario.inject(run)
-        await _wait_final(run, trio.current_time() + size.final_wait)
+        async with trio.open_nursery() as watching:
+            if scenario.watch is not None:
+                watching.start_soon(scenario.watch, run)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_arrivals, run, requests, size.rate)
+                await trio.sleep(fault_delay)
+                fault = await scenario.inject(run)
+                _phase(scenario, "fault injected")
+            await _wait_final(run, trio.current_time() + size.final_wait)
+            watching.cancel_scope.cancel()
         measured_until = _now()
+        _phase(scenario, "tasks final")
         figures = await _figures(run, fault, measured_until)
+        if scenario.evaluate is not None:
+            figures.update(await scenario.evaluate(run))
+    _phase(scenario, "cleaned up")
     return figures
+
+
+def _phase(scenario: ChaosScenario, what: str) -> None:
+    log.debug(what, extra={"event": "chaos_phase", "scenario": scenario.name})
 
 
 async def _wait_allocated(run: ChaosRun) -> None:
@@ -741,6 +775,7 @@ async def _lock_timeout(run: ChaosRun) -> FaultReport:
     finally:
         await holder.close()
     locked = [r["id"] for r in rows]
+    run.notes["locked"] = locked
     blocked = await run.monitor.fetchval(
         "SELECT count(*) FROM river_job WHERE args ->> 'task_id' = ANY($1::text[])"
         " AND attempted_at >= $2 AND attempted_at <= $3",
@@ -758,6 +793,16 @@ async def _lock_timeout(run: ChaosRun) -> FaultReport:
     )
 
 
+async def _lock_timeout_outcome(run: ChaosRun) -> dict[str, float]:
+    """``locked_not_succeeded``: locked tasks that did not end succeeded (requeued and run)."""
+    locked: list[uuid.UUID] = run.notes.get("locked", [])
+    succeeded = await run.monitor.fetchval(
+        "SELECT count(*) FROM engine_task WHERE id = ANY($1::uuid[]) AND status = 'succeeded'",
+        locked,
+    )
+    return {"locked_not_succeeded": float(len(locked) - succeeded)}
+
+
 #: The scenarios ``bench chaos`` runs, in order. ``scope_limits`` joins them with the scope
 #: admissions and rate limits (engine/admission): see :class:`ChaosScenario`.
 CHAOS_SCENARIOS: list[ChaosScenario] = [
@@ -769,7 +814,12 @@ CHAOS_SCENARIOS: list[ChaosScenario] = [
         _lock_timeout,
         # Claims give up after 0.2 s on a locked row; the batch made due by the scheduler.
         settings={"database.lock_timeout": "0.2", "queue.scheduler_interval": "0.25"},
-        targets={"tasks_failed": ("<=", 0.0), "blocked_claims": (">=", 1.0)},
+        evaluate=_lock_timeout_outcome,
+        targets={
+            "tasks_failed": ("<=", 0.0),
+            "locked_not_succeeded": ("<=", 0.0),
+            "blocked_claims": (">=", 1.0),
+        },
     ),
 ]
 

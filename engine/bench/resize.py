@@ -50,6 +50,10 @@ claim limit they apply. Figures:
 ``takeover_seconds``
     From the SIGKILL to the first registry sample where the two survivors' ``allocated`` are
     the even split of the whole limit (and the dead row holds 0).
+``over_claim_limit_samples``
+    The same rule with the claim limit each process *applied* (``bench_claim_limit``, see
+    below) in place of the registry's ``allocated``: it does not depend on when the registry
+    row changed, only on what the process enforced.
 ``converge_applied_seconds`` / ``takeover_applied_seconds``
     The same, but with the claim limits the processes actually *apply* (``bench_claim_limit``,
     polled every 5 ms in each worker) instead of the registry: when the new split is in force,
@@ -346,6 +350,17 @@ def applied_converge_time(
     return None
 
 
+def _applied_at(changes: Mapping[str, Sequence[tuple[float, float]]], at: float) -> dict[str, int]:
+    """Each instance's applied claim limit at ``at`` (instances with no record yet left out)."""
+    out: dict[str, int] = {}
+    for instance_id, records in changes.items():
+        index = bisect.bisect_right([t for t, _ in records], at) - 1
+        if index >= 0:
+            value = records[index][1]
+            out[instance_id] = int(value) if math.isfinite(value) else 2**31
+    return out
+
+
 # ---- the scenario -----------------------------------------------------------------------------
 
 
@@ -525,6 +540,14 @@ async def _timeline(
     for row in claim_rows:
         applied[row["instance_id"]].append((row["at"].timestamp(), float(row["claim_limit"])))
 
+    # The same check against the claim limits the processes applied, at the same instants.
+    applied_samples = [
+        RegistrySample(sample.at, _applied_at(applied, sample.at)) for sample in samples
+    ]
+    over_applied = over_allocation(
+        applied_samples, executions, instances=ids, alive_until={victim.instance_id: killed_at}
+    )
+
     converge: list[float] = []
     converge_applied: list[float] = []
     bounds = [*(at for at, _ in changes[1:]), killed_at]
@@ -553,6 +576,7 @@ async def _timeline(
         "tasks_run_twice": float(twice),
         "over_allocation_samples": float(over.samples),
         "over_allocation_samples_raw": float(over.raw_samples),
+        "over_claim_limit_samples": float(over_applied.samples),
         "carryover_max_seconds": over.carryover_max_seconds,
         "converge_seconds": round(max(converge), 3),
         "converge_applied_seconds": round(max(converge_applied), 3),

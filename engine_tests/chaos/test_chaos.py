@@ -11,6 +11,11 @@ import pytest
 from engine.bench.chaos import CHAOS_SCENARIOS, ChaosScenario, run_chaos_scenario, scenario_targets
 from engine.bench.common import check_targets
 
+#: Failed tasks are a wrong outcome (the simulated upstream never fails) but not a target of
+#: these scenarios yet: a database error inside a run is recorded as a task failure by
+#: TaskRunner.work (decision #11, engine/tasks/runner.py) instead of requeueing the task.
+_FAILS_ON_DATABASE_ERRORS = {"postgres_restart", "backend_kill"}
+
 
 @pytest.mark.chaos
 @pytest.mark.slow
@@ -23,3 +28,10 @@ async def test_scenario_meets_its_targets(
     assert set(targets) <= set(figures), f"figures without a value: {set(targets) - set(figures)}"
     missed = {k: figures[k] for k, met in check_targets(figures, targets).items() if not met}
     assert not missed, f"{scenario.name} missed {missed}; all figures: {figures}"
+    if figures["tasks_failed"]:
+        if scenario.name in _FAILS_ON_DATABASE_ERRORS:
+            pytest.xfail(
+                f"targets met, but {figures['tasks_failed']:g} task(s) failed on a database "
+                "error inside their run (TaskRunner.work records any exception as a failure)"
+            )
+        raise AssertionError(f"{scenario.name}: tasks failed; all figures: {figures}")
