@@ -88,7 +88,8 @@ class Dispatcher:
             for scope in scopes:
                 await conn.execute(_SCOPE_LOCK, scope)
             limits: dict[str, float] = {s: math.inf for s in scopes}
-            for row in await conn.fetch(_LIMITS, scopes):
+            # The catalogue lives in the coordination database (maybe not this one).
+            for row in await self.db.coordination.fetch(_LIMITS, scopes):
                 if (row["concurrency_limit"] or 0) > 0:
                     limits[row["scope"]] = row["concurrency_limit"]
             used = {r["scope"]: int(r["used"]) for r in await conn.fetch(_USED, scopes)}

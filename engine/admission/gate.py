@@ -54,13 +54,17 @@ Outcome = Admitted | Waiting | RateLimited
 class ScopeCatalog:
     """The limited scopes of each (model, group), read at most once per ``ttl`` seconds.
 
+    Limits are read from ``catalog`` (the coordination database, where the catalogue lives);
+    leases and admissions are written to ``pool`` (the tasks database).
+
     Admission runs for every task; without this cache an unlimited model would still cost a
     query per task. A changed limit applies within ``ttl`` (the capacity refresher polls on a
     similar period).
     """
 
-    def __init__(self, pool: Pool, ttl: float = 1.0) -> None:
+    def __init__(self, pool: Pool, catalog: Pool | None = None, ttl: float = 1.0) -> None:
         self.pool = pool
+        self.catalog = catalog or pool
         self.ttl = ttl
         self._cache: dict[tuple[str, str | None], tuple[float, list[Record]]] = {}
 
@@ -71,7 +75,7 @@ class ScopeCatalog:
         hit = self._cache.get(key)
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
-        rows = await self.pool.fetch(_LIMITS, model, group_key)
+        rows = await self.catalog.fetch(_LIMITS, model, group_key)
         self._cache[key] = (now, rows)
         return rows
 

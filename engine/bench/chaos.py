@@ -97,6 +97,7 @@ __all__ = [
     "ChaosRun",
     "ChaosScenario",
     "FaultReport",
+    "Monitor",
     "WorkerProcess",
     "restart_server",
     "run_chaos_bench",
@@ -180,7 +181,7 @@ class WorkerProcess:
     killed: bool = False
 
 
-class _Monitor:
+class Monitor:
     """The bench's view of the engine database: one connection that reconnects and retries
     while the server is away (``postgres_restart``)."""
 
@@ -219,7 +220,7 @@ class _Monitor:
 
 @attrs.define
 class ChaosRun:
-    """Everything an injector may use during one scenario run."""
+    """Everything the hooks of a scenario may use during one run."""
 
     scenario: ChaosScenario
     quick: bool
@@ -228,7 +229,7 @@ class ChaosRun:
     server_admin_url: str
     #: The ledger database (always on the bench's server, away from the faults).
     ledger_url: str
-    monitor: _Monitor
+    monitor: Monitor
     client: Engine
     log_dir: Path
     #: The private embedded server of the run, if the scenario asked for one.
@@ -620,7 +621,7 @@ async def run_chaos_scenario(
             await ledger.execute(LEDGER_DDL)
         finally:
             await ledger.close()
-        monitor = _Monitor(url)
+        monitor = Monitor(url)
         stack.push_async_callback(monitor.close)
         client_config = load_config(
             env={},

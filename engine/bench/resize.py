@@ -8,9 +8,10 @@ The scenario (one fresh database, issue #5 item 7):
    1 s with ``recovery.stale_after`` 3 s;
 2. one model ``m`` with a limit of 10, set from this process through a client-only engine;
 3. 600 simulated tasks (a single poll of 200 ms each; 200 in ``--quick``) submitted at once;
-4. while they run the limit goes 10 → 3 → 20 (held 3 s, 3 s, 1.5 s), then one process is
-   SIGKILLed; the scenario waits until every task is final and the survivors hold the whole
-   capacity, with deadlines.
+4. while they run the limit goes 10 → 3 → 20 (held 3 s, 3 s, 1.5 s; 1.5 s, 1.5 s, 1 s in
+   ``--quick``), then one process is SIGKILLed as soon as it is running a task (waiting at
+   most 2 s for one); the scenario waits until every task is final and the survivors hold
+   the whole capacity, with deadlines; then the survivors get SIGTERM.
 
 Meanwhile this process samples the registry (``instance_id, allocated`` of every row) every
 50 ms, and the workers record (``--record``) every provider ``submit`` and every change of the
@@ -59,6 +60,13 @@ claim limit they apply. Figures:
     polled every 5 ms in each worker) instead of the registry: when the new split is in force,
     not only decided.
 
+Also reported: ``tasks_remaining_at_kill`` and ``tasks_interrupted_by_kill`` (tasks running
+on the victim at the kill, from ``engine_task.execution_owner``: recovery must bring them back),
+``tasks_manual_review`` (a kill between the upstream submission and its record parks a task
+there rather than risk a second submission), ``upstream_submissions`` and ``seconds``
+(submission to the last task final), ``survivors_exit_nonzero`` (survivors that did not exit
+with status 0 after their SIGTERM: the graceful path of the worker entry point).
+
 Targets (issue #5): the first three 0; converge ≤ 2 refresh intervals (1 s); takeover ≤ the
 stale window + one refresh interval (3.5 s).
 """
@@ -98,7 +106,9 @@ __all__ = [
     "STALE_WINDOW",
     "TARGETS",
     "Execution",
+    "OverAllocation",
     "RegistrySample",
+    "applied_converge_time",
     "converge_time",
     "even_split",
     "executions_from_events",
@@ -454,7 +464,10 @@ async def _run(admin_url: str, plan: _Plan, log_dir: Path) -> dict[str, float]:
                     await _wait_until_split(sampler, LIMITS[0], ids, timeout=10)
                     results.update(await _timeline(client, db.tasks, sampler, workers, plan))
                     nursery.cancel_scope.cancel(reason="scenario done")
-                await stop_workers(workers)
+                survivors = [w for w in workers if w.alive]
+                codes = await stop_workers(survivors)
+                # A graceful stop (SIGTERM) must end each survivor with status 0.
+                results["survivors_exit_nonzero"] = float(sum(1 for c in codes if c != 0))
             finally:
                 await kill_processes([w.process for w in workers])
     return results

@@ -25,6 +25,10 @@ created beforehand (:data:`BENCH_TABLES_SQL`):
 * ``bench_claim_limit(instance_id, at, claim_limit)``: the claim limit this process applies (its
   :class:`~engine.queue.slots.SlotPool` total), each time it changes (polled every 5 ms), so a
   scenario can tell when a new share is *in force*, not only decided in the registry.
+
+Scenarios start workers with :func:`spawn_worker` (which waits for the ``ready`` line and sends
+the worker's stderr to a log file), stop them with :func:`stop_workers` (SIGTERM, then SIGKILL
+after a timeout) and, in a ``finally``, :func:`kill_processes`, so none outlives its scenario.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import trio
 from engine.config import EngineConfig, load_config
 from engine.db.bridge import Pool, asyncio_loop, create_pool
 from engine.db.database import DatabaseUrls
+from engine.errors import DatabaseError
 from engine.logs import configure_logging
 from engine.providers.base import PollResult, Provider
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
@@ -178,13 +183,23 @@ async def _record_claim_limits(engine: Engine, pool: Pool) -> None:
     while True:
         total = engine.queue.slots.total
         if total != last:
-            last = total
-            await pool.execute(
-                "INSERT INTO bench_claim_limit (instance_id, at, claim_limit) VALUES ($1, $2, $3)",
-                engine.instance_id,
-                datetime.now(UTC),
-                float(total),
-            )
+            at = datetime.now(UTC)
+            try:
+                await pool.execute(
+                    "INSERT INTO bench_claim_limit (instance_id, at, claim_limit)"
+                    " VALUES ($1, $2, $3)",
+                    engine.instance_id,
+                    at,
+                    float(total),
+                )
+            except DatabaseError as exc:  # an instrument must not take the service down
+                log.warning(
+                    "claim limit not recorded",
+                    extra={"event": "bench_record_failed", "error": str(exc)},
+                )
+                await trio.sleep(0.5)
+            else:
+                last = total
         await trio.sleep(_CLAIM_POLL)
 
 

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 import zlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -94,6 +94,8 @@ class QueueClient:
         self.cancel_scopes: dict[int, trio.CancelScope] = {}
         self.generations: list[Generation] = []
         self.elector: Elector | None = None
+        #: Called with the seconds each claim statement took (metrics).
+        self.on_claim: Callable[[float], None] | None = None
         self._nursery: trio.Nursery | None = None
 
     # ---- inserting -------------------------------------------------------------------------
@@ -220,6 +222,7 @@ class QueueClient:
             completer=self.completer,
             slots=self.slots,
             cancel_scopes=self.cancel_scopes,
+            on_claim=lambda seconds: self.on_claim(seconds) if self.on_claim else None,
         )
         self.generations.append(generation)
 

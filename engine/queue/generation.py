@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -60,6 +60,7 @@ class Generation:
         completer: Completer,
         slots: SlotPool,
         cancel_scopes: dict[int, trio.CancelScope],
+        on_claim: Callable[[float], None] | None = None,
     ) -> None:
         for queue, max_workers in config.queues.items():
             if not 1 <= max_workers <= 10_000:
@@ -72,6 +73,7 @@ class Generation:
         self.completer = completer
         self.slots = slots
         self.cancel_scopes = cancel_scopes
+        self.on_claim = on_claim
         self.producers: list[Producer] = []
         self._fetch_scope: trio.CancelScope | None = None
         self._work_scope: trio.CancelScope | None = None
@@ -171,6 +173,7 @@ class Generation:
                 self.slots,
                 start_job,
                 self.completer,
+                on_claim=self.on_claim,
             )
             self.producers.append(producer)
             await producer.run(task_status=task_status)

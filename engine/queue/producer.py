@@ -68,6 +68,8 @@ class Producer:
         slots: SlotPool,
         start_job: Callable[[Job], None],
         completer: Completer,
+        *,
+        on_claim: Callable[[float], None] | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -75,6 +77,7 @@ class Producer:
         self.slots = slots
         self._start_job = start_job
         self.completer = completer
+        self.on_claim = on_claim
         self.running = 0
         self.claimed = 0
         self.fetches = 0
@@ -197,6 +200,7 @@ class Producer:
         carried = self.completer.take_plain(self.config.carry_limit)
         rows = []
         self._in_flight += 1
+        started = trio.current_time()
         try:
             with trio.move_on_after(self.config.claim_timeout, shield=True) as timer:
                 rows = await conn.fetch(
@@ -216,4 +220,6 @@ class Producer:
             else:
                 self.completer.plain_written(carried)
         self.claimed += len(rows)
+        if self.on_claim is not None:
+            self.on_claim(trio.current_time() - started)
         return [Job.from_record(r) for r in rows]

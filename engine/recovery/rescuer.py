@@ -25,6 +25,7 @@ _ORPHANS = QUERIES["job_rescue_orphaned_many"]
 _RECOVERABLE = QUERIES["task_list_recoverable"]
 _SET_JOB = QUERIES["task_set_job_many"]
 _YIELD = QUERIES["admission_yield_stale"]
+_LIVENESS = QUERIES["worker_instance_list_liveness"]
 _CLEAN = QUERIES["admission_clean_finished"]
 
 
@@ -71,29 +72,33 @@ class Rescuer:
         cfg = self.config
         requeued = manual = orphans = leases = admissions = yielded = 0
         if not self.client_mode:
-            rows = await self.db.coordination.fetch(
-                _INTERRUPTED,
-                cfg.recovery.stale_after,
-                cfg.worker.stop_timeout * 3,
-                cfg.recovery.batch_size,
-                self.instance_id,
+            # The registry may live in another database than tasks and jobs: read who is
+            # alive there, then act on the tasks database with those names.
+            liveness = await self.db.coordination.fetch(
+                _LIVENESS, cfg.recovery.stale_after, cfg.worker.stop_timeout * 3
+            )
+            live = [r["instance_id"] for r in liveness if r["live"]]
+            dead = [r["instance_id"] for r in liveness if r["dead"]]
+            rows = await self.db.tasks.fetch(
+                _INTERRUPTED, dead, cfg.recovery.batch_size, self.instance_id
             )
             requeued = sum(1 for r in rows if r["status"] == "queued")
-            manual = len(rows) - requeued
-            cleaned = await self.db.coordination.fetchrow(_CLEAN)
+            manual = sum(1 for r in rows if r["status"] == "manual_review")
+            cleaned = await self.db.tasks.fetchrow(_CLEAN)
             assert cleaned is not None
             leases, admissions = int(cleaned["leases"]), int(cleaned["admissions"])
             yielded = len(
-                await self.db.coordination.fetch(
+                await self.db.tasks.fetch(
                     _YIELD, cfg.admission.stale_after, cfg.recovery.batch_size
                 )
             )
-            rescued = await self.db.queue.fetch(
+            rescued = await self.db.tasks.fetch(
                 _ORPHANS,
                 cfg.queue.name,
                 cfg.recovery.stale_after,
                 cfg.recovery.batch_size,
                 self.instance_id,
+                live,
             )
             orphans = len(rescued)
         reenqueued = await self.reenqueue()

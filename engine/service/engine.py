@@ -48,6 +48,9 @@ __all__ = ["Engine", "open_engine"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds between re-reads in :meth:`Engine.wait` when no notification arrives.
+WAIT_POLL_INTERVAL = 2.0
+
 _CANCEL_QUEUED = QUERIES["task_cancel_queued"]
 _REQUEST_CANCEL = QUERIES["task_request_cancel"]
 _LIST = QUERIES["task_list"]
@@ -119,6 +122,7 @@ class Engine:
             max_payload_bytes=self.config.tasks.max_payload_bytes,
             instance_id=self.instance_id,
             limiter=self.queue.limiter,
+            catalog=self.db.coordination,
         )
 
     # ---- reading -------------------------------------------------------------------------
@@ -143,7 +147,10 @@ class Engine:
                         raise TaskNotFound(f"no task {task_id}")
                     if task.is_final:
                         return task
-                    await event.wait()
+                    # NOTIFY wakes us at once; the timeout is the fallback where notifications
+                    # do not arrive (PgBouncer in transaction mode drops LISTEN).
+                    with trio.move_on_after(WAIT_POLL_INTERVAL):
+                        await event.wait()
                 finally:
                     self.notices.forget(task_id, event)
 
@@ -302,25 +309,41 @@ async def open_engine(
             load=load,
             lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
             queue_timeout=config.admission.queue_timeout,
+            catalog=db.coordination,
         )
         notices = TaskNotices(db.tasks.dsn, keeper.cancel)
         workers = Workers()
         workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
         services = await stack.enter_async_context(trio.open_nursery())
-        await services.start(events.run)
+        # Shielded like the completer: events emitted while generations stop (requeues at
+        # shutdown) must still be written, so the writer ends only after the queue closes.
+        events_scope = trio.CancelScope(shield=True)
+
+        async def run_events(*, task_status: trio.TaskStatus[None]) -> None:
+            with events_scope:
+                await events.run(task_status=task_status)
+
+        await services.start(run_events)
         await services.start(notices.run)
         await services.start(keeper.run)
-        async with open_queue(
-            db,
-            config.queue,
-            workers=workers if execute else None,
-            instance_id=instance_id,
-            stop_timeout=config.worker.stop_timeout,
-            slots=slots or SlotPool(),
-        ) as queue:
-            engine = Engine(config, db, queue, store, notices, keeper, runner, sim)
-            if execute and fixed_generation:
-                size = max_workers or config.worker.instance_hard_limit or config.worker.hard_limit
-                await queue.start_generation({config.queue.name: size})
-            yield engine
-        services.cancel_scope.cancel(reason="engine closed")
+        try:
+            async with open_queue(
+                db,
+                config.queue,
+                workers=workers if execute else None,
+                instance_id=instance_id,
+                stop_timeout=config.worker.stop_timeout,
+                slots=slots or SlotPool(),
+            ) as queue:
+                engine = Engine(config, db, queue, store, notices, keeper, runner, sim)
+                if execute and fixed_generation:
+                    size = (
+                        max_workers or config.worker.instance_hard_limit or config.worker.hard_limit
+                    )
+                    await queue.start_generation({config.queue.name: size})
+                yield engine
+        finally:
+            # Only now, with the queue closed (generations stopped, every outcome recorded),
+            # does the event writer make its last flush.
+            events_scope.cancel()
+            services.cancel_scope.cancel(reason="engine closed")

@@ -168,6 +168,8 @@ async def run_service(
             await install_demo_catalogue(eng)
         eng.queue.completer.on_flushed = metrics.observe_completions
         eng.runner.on_finished = lambda status: metrics.count_task(status.value)
+        eng.runner.on_phase = metrics.observe_task_phase
+        eng.queue.on_claim = metrics.observe_claim
         async with trio.open_nursery() as root:
             if config.metrics.enabled:
                 server = MetricsServer(

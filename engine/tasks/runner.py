@@ -15,6 +15,7 @@ The job handler, row by row (each row is a test in ``engine_tests/tasks/test_run
 | 8  | the task is queued with a delay             | snooze(delay)                                |
 | 9  | hard stop (cancelled)                       | task requeued (shielded), job available now  |
 | 10 | lock timeout (55P03) before submission      | task requeued in 1 s + event, snooze 1 s     |
+| -  | the database connection is lost             | task requeued, snooze 1 s                    |
 | 11 | anything else                               | task failed (fenced), job completed          |
 
 The job is only the execution ticket: business outcomes live in the task row, and the job is
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -33,7 +35,8 @@ import attrs
 import trio
 
 from engine.admission.gate import RateLimited, ScopeCatalog, Waiting, admit
-from engine.errors import LeaseUnavailable, LockTimeout, ManualReview
+from engine.db.bridge import Pool
+from engine.errors import ConnectionLost, LeaseUnavailable, LockTimeout, ManualReview
 from engine.load.controller import LoadController, LoadLease, Phase
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.providers.base import AmbiguousSubmission, Provider, ProviderError
@@ -71,6 +74,28 @@ class _Execution:
         self.scope = trio.CancelScope()
         self.cancel_requested = False
         self.lease_lost = False
+        #: The upstream reference once known, and who to tell if the task is cancelled.
+        self.upstream_ref: str | None = None
+        self.provider: Provider | None = None
+        self._guards: list[trio.CancelScope] = []
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the execution, including a shielded upstream call in progress."""
+        self.scope.cancel(reason=reason)
+        for guard in self._guards:
+            guard.cancel(reason=reason)
+
+    @contextmanager
+    def cancel_guard(self) -> Iterator[None]:
+        """A scope inside a shield that this execution's own cancel still reaches."""
+        with trio.CancelScope() as guard:
+            self._guards.append(guard)
+            try:
+                if self.scope.cancel_called:
+                    guard.cancel()
+                yield
+            finally:
+                self._guards.remove(guard)
 
 
 class LeaseKeeper:
@@ -92,7 +117,7 @@ class LeaseKeeper:
         if execution is None:
             return False
         execution.cancel_requested = True
-        execution.scope.cancel(reason="task cancelled")
+        execution.cancel("task cancelled")
         return True
 
     async def run_once(self) -> None:
@@ -103,7 +128,7 @@ class LeaseKeeper:
             if execution.task_id not in held:
                 if self.running.get(execution.task_id) is execution:
                     execution.lease_lost = True
-                    execution.scope.cancel(reason="execution lease lost")
+                    execution.cancel("execution lease lost")
             elif held[execution.task_id]:
                 self.cancel(execution.task_id)
 
@@ -135,6 +160,7 @@ class TaskRunner:
         load: LoadController | None = None,
         lock_timeout_delay: float = 1.0,
         queue_timeout: float | None = None,
+        catalog: Pool | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -145,9 +171,13 @@ class TaskRunner:
         self.load = load
         self.lock_timeout_delay = lock_timeout_delay
         self.queue_timeout = queue_timeout
-        self.scopes = ScopeCatalog(store.pool)
+        #: Seconds a stop waits for an upstream submission already under way to answer.
+        self.submit_grace = 10.0
+        self.scopes = ScopeCatalog(store.pool, catalog)
         #: Called with each outcome this process records (metrics count them).
         self.on_finished: Callable[[TaskStatus], None] | None = None
+        #: Called with (phase, seconds) as each phase of an execution ends (metrics).
+        self.on_phase: Callable[[str, float], None] | None = None
 
     def provider_for(self, task: Task) -> Provider:
         """The simulated provider for simulation runs, else the one registered for the model
@@ -210,6 +240,10 @@ class TaskRunner:
             status = await self.store.requeue(
                 task_id, token, delay=self.lock_timeout_delay, only_before_submission=True
             )
+            if status is None and await self._still_queued(task_id):
+                # The lock timed out while claiming: the task is untouched and still queued,
+                # which is the outcome #10 wants; only the job has to wait.
+                status = TaskStatus.QUEUED
             if status is TaskStatus.QUEUED:
                 self.emit(
                     task,
@@ -226,6 +260,18 @@ class TaskRunner:
                 )
                 raise JobSnooze(self.lock_timeout_delay) from None
             await self._fail(task, token, exc)  # 10 → 11
+        except ConnectionLost as exc:
+            # The database went away under the run (a lost connection, a restart): that says
+            # nothing about the task, so it goes back to the queue rather than failing. If the
+            # requeue fails too, the error is raised and the job retried; recovery also
+            # requeues the task once its lease runs out.
+            status = await self.store.requeue(task_id, token)
+            log.warning(
+                "database error during a run; task requeued",
+                extra={"event": "task_requeued_db_error", "task_id": str(task_id),
+                       "error": str(exc), "status": None if status is None else status.value},
+            )
+            raise JobSnooze(self.lock_timeout_delay) from exc
         except Exception as exc:  # 11
             await self._fail(task, token, exc)
         except BaseException:  # 9: a hard stop; requeue so another worker takes it at once
@@ -239,6 +285,10 @@ class TaskRunner:
             if lease is not None:
                 lease.release()
 
+    async def _still_queued(self, task_id: uuid.UUID) -> bool:
+        current = await self.store.get_now(task_id)
+        return current is not None and current.status is TaskStatus.QUEUED
+
     async def _fail(self, task: Task, token: uuid.UUID, exc: BaseException) -> None:
         log.warning(
             "river async task completed with failure",
@@ -246,6 +296,8 @@ class TaskRunner:
         )
         error = {"code": "internal_error", "message": str(exc) or type(exc).__name__}
         if await self.store.finish(task.id, token, TaskStatus.FAILED, error=error):
+            if self.on_finished is not None:
+                self.on_finished(TaskStatus.FAILED)
             self.emit(task, "task.failed", status="failed", message=error["message"], payload=error)
 
     # ---- one execution ------------------------------------------------------------------------
@@ -308,32 +360,51 @@ class TaskRunner:
         self.keeper.running[task.id] = execution
         try:
             with execution.scope:
-                await self._run_provider(task, token, lease)
+                await self._run_provider(task, token, lease, execution)
             if execution.lease_lost:
                 raise LeaseUnavailable("the execution lease was lost")
             if execution.scope.cancelled_caught:
-                await self._cancelled(task, token)
+                await self._cancelled(task, token, execution)
         finally:
             if self.keeper.running.get(task.id) is execution:
                 del self.keeper.running[task.id]
 
-    async def _run_provider(self, task: Task, token: uuid.UUID, lease: LoadLease | None) -> None:
+    async def _run_provider(
+        self, task: Task, token: uuid.UUID, lease: LoadLease | None, execution: _Execution
+    ) -> None:
         try:
-            provider = self.provider_for(task)
+            provider = execution.provider = self.provider_for(task)
         except ProviderError as exc:
             await self._finish(
                 task, token, TaskStatus.FAILED, error={"code": exc.code, "message": str(exc)}
             )
             return
-        ref = task.upstream_ref
+        ref: str | None = task.upstream_ref
+        phase_started = trio.current_time()
         try:
             if ref is None:
                 prepared = await provider.prepare(task)
+                phase_started = self._phase_done("preparing", phase_started)
                 if not await self.store.mark_submitting(task.id, token):
                     raise LeaseUnavailable()
                 await self._enter(lease, Phase.WAITING_UPSTREAM)
                 try:
-                    ref = await provider.submit(task, prepared)
+                    # A stop that arrives mid-call waits for the answer (bounded): cut off here,
+                    # the submission would be ambiguous and the task would need a human. A
+                    # user's cancel still interrupts it (the execution's own scope).
+                    with trio.CancelScope(shield=True) as grace:
+                        grace.deadline = trio.current_time() + self.submit_grace
+                        with execution.cancel_guard():
+                            ref = await provider.submit(task, prepared)
+                    if grace.cancelled_caught:
+                        raise AmbiguousSubmission(
+                            f"no answer from the upstream within {self.submit_grace} s of a stop"
+                        )
+                    if ref is None:
+                        # The user's cancel cut the call short: deliver it (the execution
+                        # scope is cancelled, so this checkpoint raises).
+                        await trio.lowlevel.checkpoint()
+                        raise AmbiguousSubmission("the upstream call was cut short")
                 except AmbiguousSubmission as exc:
                     await self._finish(
                         task,
@@ -342,7 +413,8 @@ class TaskRunner:
                         error={"code": "ambiguous_submission", "message": str(exc)},
                     )
                     raise ManualReview() from exc
-                if not await self.store.record_upstream(task.id, token, ref):
+                execution.upstream_ref = ref
+                if not await self.store.record_upstream(task.id, token, ref):  # ref is set
                     raise LeaseUnavailable()
                 self.emit(
                     task,
@@ -353,6 +425,7 @@ class TaskRunner:
                     payload={"upstream_ref": ref},
                 )
             else:
+                execution.upstream_ref = ref
                 await self._enter(lease, Phase.WAITING_UPSTREAM)
                 self.emit(
                     task,
@@ -366,6 +439,7 @@ class TaskRunner:
                 if polled.done:
                     break
                 await trio.sleep(provider.poll_interval)
+            phase_started = self._phase_done("waiting_upstream", phase_started)
             if polled.error is not None:
                 raise ProviderError(polled.error, code="upstream_failed")
             await self._enter(lease, Phase.FINALIZING)
@@ -373,24 +447,19 @@ class TaskRunner:
             # that lands after the finish changes nothing).
             self.events.set_phase(task.id, token, TaskPhase.FINALIZING, 0.9)
             result = await provider.finalize(task, polled.result)
+            self._phase_done("finalizing", phase_started)
         except ProviderError as exc:
             await self._finish(
                 task, token, TaskStatus.FAILED, error={"code": exc.code, "message": str(exc)}
             )
             return
-        except trio.Cancelled:
-            if ref is not None:
-                # Best effort and bounded: tell the upstream, whatever stopped us.
-                with trio.move_on_after(5, shield=True):
-                    try:
-                        await provider.cancel(task, ref)
-                    except Exception as exc:
-                        log.warning(
-                            "upstream cancel failed",
-                            extra={"event": "upstream_cancel_failed", "error": repr(exc)},
-                        )
-            raise
         await self._finish(task, token, TaskStatus.SUCCEEDED, result=result)
+
+    def _phase_done(self, phase: str, started: float) -> float:
+        now = trio.current_time()
+        if self.on_phase is not None:
+            self.on_phase(phase, now - started)
+        return now
 
     async def _enter(self, lease: LoadLease | None, phase: Phase) -> None:
         if lease is not None:
@@ -418,7 +487,18 @@ class TaskRunner:
             payload={} if error is None else error,
         )
 
-    async def _cancelled(self, task: Task, token: uuid.UUID) -> None:
+    async def _cancelled(self, task: Task, token: uuid.UUID, execution: _Execution) -> None:
+        # Only a user's cancel tells the upstream to stop: after a shutdown or a lost lease the
+        # next run resumes polling the same upstream request.
+        if execution.provider is not None and execution.upstream_ref is not None:
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await execution.provider.cancel(task, execution.upstream_ref)
+                except Exception as exc:
+                    log.warning(
+                        "upstream cancel failed",
+                        extra={"event": "upstream_cancel_failed", "error": repr(exc)},
+                    )
         await self._finish(
             task,
             token,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from engine.config import QueueConfig
-from engine.db.bridge import Connection
+from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import InvalidTask
 from engine.queue.insert import NotifyLimiter, insert_tx, prepare
@@ -60,7 +60,7 @@ def _payload_text(request: TaskRequest, max_bytes: int, problems: list[str], n: 
 
 
 async def validate_requests(
-    conn: Connection, requests: Sequence[TaskRequest], max_payload_bytes: int
+    catalog: Pool | Connection, requests: Sequence[TaskRequest], max_payload_bytes: int
 ) -> list[str]:
     """Check every request; return the payload texts, raising InvalidTask on any problem."""
     problems: list[str] = []
@@ -73,7 +73,7 @@ async def validate_requests(
             problems.append(f"request {n}: identity needs user_id or gateway_user_id")
         payloads.append(_payload_text(request, max_payload_bytes, problems, n))
     names = sorted({r.model for r in requests})
-    rows = {r["name"]: r for r in await conn.fetch(_MODELS, names)}
+    rows = {r["name"]: r for r in await catalog.fetch(_MODELS, names)}
     for n, request in enumerate(requests):
         row = rows.get(request.model)
         if row is None:
@@ -98,12 +98,14 @@ async def submit_tasks(
     max_payload_bytes: int,
     instance_id: str,
     limiter: NotifyLimiter | None = None,
+    catalog: Pool | None = None,
 ) -> None:
     """Validate, then store ``requests`` and their jobs on ``conn`` inside a transaction the
-    caller holds (the task rows point at their jobs, which are unique per task)."""
+    caller holds (the task rows point at their jobs, which are unique per task). Models are
+    looked up in ``catalog`` (the coordination database) when given, else on ``conn``."""
     if not requests:
         return
-    payloads = await validate_requests(conn, requests, max_payload_bytes)
+    payloads = await validate_requests(catalog or conn, requests, max_payload_bytes)
     params = [
         prepare(TaskRunArgs(str(r.id)), task_insert_opts(queue, r.run_at), kind=queue.job_kind)
         for r in requests

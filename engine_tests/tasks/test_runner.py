@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from engine.db.bridge import connect
 from engine.errors import DatabaseError
@@ -31,7 +32,15 @@ class GatedProvider(SimulatedProvider):
         self.poll_gate: trio.Event | None = None
         self.in_prepare = trio.Event()
         self.in_poll = trio.Event()
+        self.submit_gate: trio.Event | None = None
+        self.in_submit = trio.Event()
         self.prepare_error: BaseException | None = None
+
+    async def submit(self, task: Task, prepared: Any) -> str:
+        self.in_submit.set()
+        if self.submit_gate is not None:
+            await self.submit_gate.wait()
+        return await super().submit(task, prepared)
 
     async def prepare(self, task: Task) -> Any:
         self.in_prepare.set()
@@ -201,6 +210,29 @@ async def test_row_9_hard_stop_requeues_the_task_and_keeps_its_upstream_ref(
     await work(idle, task_id)
     assert (await status(idle, task_id)).status is TaskStatus.SUCCEEDED
     assert sim(idle).submissions[task_id] == 1
+
+
+async def test_a_stop_during_the_upstream_call_waits_for_its_answer(idle: Engine) -> None:
+    task_id = await idle.submit(request())
+    gate = sim(idle).submit_gate = trio.Event()
+    sim(idle).poll_gate = trio.Event()  # waits upstream afterwards: the stop lands there
+    scope = trio.CancelScope()
+
+    async def stopped_worker() -> None:
+        with scope:
+            await work(idle, task_id)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stopped_worker)
+        with trio.fail_after(5):
+            await sim(idle).in_submit.wait()
+        scope.cancel()  # the stop arrives while the upstream call is under way
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()  # ...and the upstream answers
+    task = await status(idle, task_id)
+    # Not ambiguous: the reference was recorded, the task is requeued to resume polling.
+    assert task.status is TaskStatus.QUEUED and task.upstream_ref is not None
+    assert sim(idle).submissions[task_id] == 1 and task_id not in sim(idle).cancelled
 
 
 async def test_row_10_real_lock_timeout_before_submission_requeues(

@@ -97,5 +97,28 @@ CREATE TABLE river_migration (
     PRIMARY KEY (line, version)
 );
 
+-- River's migration 5 created these two and never used them; its migration 7 drops them, so
+-- they must exist for River's own migrator to move a database we created past version 6.
+CREATE UNLOGGED TABLE river_client (
+    id text PRIMARY KEY NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    metadata jsonb NOT NULL DEFAULT '{}',
+    paused_at timestamptz,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT name_length CHECK (char_length(id) > 0 AND char_length(id) < 128)
+);
+
+CREATE UNLOGGED TABLE river_client_queue (
+    river_client_id text NOT NULL REFERENCES river_client (id) ON DELETE CASCADE,
+    name text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    max_workers bigint NOT NULL DEFAULT 0,
+    metadata jsonb NOT NULL DEFAULT '{}',
+    num_jobs_completed bigint NOT NULL DEFAULT 0,
+    num_jobs_running bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (river_client_id, name)
+);
+
 -- Tell River's own migrator that its main line is at version 6, which is what these tables are.
 INSERT INTO river_migration (line, version) SELECT 'main', v FROM generate_series(1, 6) AS v;

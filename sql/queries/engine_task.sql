@@ -239,40 +239,37 @@ FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id)
 WHERE t.id = i.id AND t.river_job_id IS DISTINCT FROM i.job_id;
 
 -- name: task_recover_interrupted_many
--- Running tasks whose execution is gone: the lease expired, or the owner's registry row is
--- stale ($1 seconds without a heartbeat) or has been draining longer than $2 seconds. Each goes
--- back to queued (keeping an upstream reference, so the next run resumes polling) or, when its
--- submission is ambiguous, to manual_review (§6.4). At most $3, never this process's ($4).
+-- Running tasks whose execution is gone: the lease expired, or the owner is one of $1 (owners
+-- the registry shows stale or draining too long; the caller reads them from the coordination
+-- database). Each goes back to queued (keeping an upstream reference, so the next run resumes
+-- polling); a task whose submission is ambiguous goes to manual_review; a task whose cancel was
+-- requested is cancelled (§6.4). At most $2, never this process's own ($3). Scope slots and
+-- unspent rate tokens are released by the admission cleanup that follows.
 WITH victims AS (
     SELECT t.id
     FROM engine_task t
     WHERE t.status = 'running'
-      AND t.execution_owner IS DISTINCT FROM $4
-      AND (
-          t.lease_expires_at < now()
-          OR EXISTS (
-              SELECT 1 FROM engine_worker_instance w
-              WHERE w.instance_id = t.execution_owner
-                AND (w.heartbeat_at < now() - make_interval(secs => $1)
-                     OR (w.status = 'draining'
-                         AND w.draining_at < now() - make_interval(secs => $2)))
-          )
-      )
+      AND t.execution_owner IS DISTINCT FROM $3
+      AND (t.lease_expires_at < now() OR t.execution_owner = ANY($1::text[]))
     ORDER BY t.id
-    LIMIT $3
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE engine_task t
 SET status = CASE
         WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+        WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
         ELSE 'queued'
     END,
     finished_at = CASE
         WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+        WHEN t.cancel_requested_at IS NOT NULL THEN now()
     END,
     error = CASE
         WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN
             '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
+        WHEN t.cancel_requested_at IS NOT NULL THEN
+            '{"code": "cancelled", "message": "cancelled; its owner stopped first"}'
         ELSE t.error
     END,
     phase = NULL,
@@ -300,4 +297,6 @@ WHERE t.status = 'queued'
         AND j.state IN ('available', 'pending', 'retryable', 'running', 'scheduled')
   )
 ORDER BY t.next_run_at, t.created_at
-LIMIT $1;
+LIMIT $1
+-- Rows another transaction holds (an operator's lock, a claim) are left for a later round.
+FOR UPDATE OF t SKIP LOCKED;

@@ -96,3 +96,12 @@ ORDER BY started_at, instance_id;
 DELETE FROM engine_worker_instance
 WHERE heartbeat_at < now() - make_interval(secs => $1)
 RETURNING instance_id;
+
+-- name: worker_instance_list_liveness
+-- Instances with a heartbeat in the last $1 seconds that are active ("live"), and instances
+-- stale for longer than that or draining for more than $2 seconds ("dead"), for recovery.
+SELECT instance_id,
+       status = 'active' AND heartbeat_at >= now() - make_interval(secs => $1) AS live,
+       heartbeat_at < now() - make_interval(secs => $1)
+           OR (status = 'draining' AND draining_at < now() - make_interval(secs => $2)) AS dead
+FROM engine_worker_instance;

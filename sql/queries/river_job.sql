@@ -280,25 +280,25 @@ WHERE id = ANY($1::bigint[]) AND state = 'running'
 RETURNING id;
 
 -- name: job_rescue_orphaned_many
--- Running jobs of queue $1 whose executing instance is gone: the instance id in the last
--- attempted_by entry ("<instance>-exec-<capacity>-<nanos>", §6.6) has no registry row that is
--- active with a heartbeat in the last $2 seconds, and the job started before that window.
--- They go back to available now without using an attempt. At most $3; never this process's
--- own ($4 = its instance id). Returns the ids.
+-- Running jobs of queue $1 whose execution is gone (§6.6): started more than $2 seconds ago by
+-- an instance (the prefix of the last attempted_by entry, "<instance>-exec-<capacity>-<nanos>")
+-- that is not in $5 (instances with a live heartbeat, read from the registry by the caller),
+-- and not running a task under a live execution lease either (an engine embedded in another
+-- app runs without registering; its leases show it is alive). They go back to available now
+-- without using an attempt. At most $3; never this process's own ($4). Returns the ids.
 WITH orphans AS (
     SELECT j.id
     FROM river_job j
     WHERE j.state = 'running'
       AND j.queue = $1
       AND j.attempted_at < now() - make_interval(secs => $2)
-      AND regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
-                         '-exec-[0-9]+-[0-9]+$', '') <> $4
+      AND NOT (regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
+                              '-exec-[0-9]+-[0-9]+$', '') = ANY($5::text[] || $4::text))
       AND NOT EXISTS (
-          SELECT 1 FROM engine_worker_instance w
-          WHERE w.instance_id = regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
-                                               '-exec-[0-9]+-[0-9]+$', '')
-            AND w.status = 'active'
-            AND w.heartbeat_at >= now() - make_interval(secs => $2)
+          SELECT 1 FROM engine_task t
+          WHERE t.id::text = j.args ->> 'task_id'
+            AND t.status = 'running'
+            AND t.lease_expires_at > now()
       )
     ORDER BY j.id
     LIMIT $3
