@@ -347,3 +347,31 @@ async def test_cancel_of_a_running_task_reaches_the_provider(idle: Engine) -> No
     task = await idle.wait(task_id, timeout=5)
     assert task.status is TaskStatus.CANCELLED
     assert task_id in sim(idle).cancelled
+
+
+async def test_a_lost_connection_requeues_the_task_instead_of_failing_it(
+    idle: Engine, conn: Any
+) -> None:
+    task_id = await idle.submit(request())
+    sim(idle).prepare_gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            with pytest.raises(JobSnooze):
+                await work(idle, task_id)
+
+        nursery.start_soon(run)
+        with trio.fail_after(5):
+            await sim(idle).in_prepare.wait()
+        # Every engine connection to the database is cut while the task prepares.
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND application_name LIKE 'engine%'"
+        )
+        sim(idle).prepare_gate.set()  # type: ignore[union-attr]
+    with trio.fail_after(10):
+        while (task := await status(idle, task_id)).status is TaskStatus.RUNNING:
+            await trio.sleep(0.05)
+    assert task.status is TaskStatus.QUEUED
+    assert sim(idle).submissions == {}
