@@ -22,8 +22,13 @@ Scenarios (:data:`CHAOS_SCENARIOS`):
   due one second later and holds ``SELECT … FOR UPDATE`` on those queued rows for 3 s, so the
   workers' claims hit SQLSTATE 55P03. The tasks must come back and complete after the release,
   and none may fail.
-* ``scope_limits`` (scope admissions and rate limits) is not here yet; it is added to
-  :data:`CHAOS_SCENARIOS`, and :data:`TARGETS` follows; :class:`ChaosScenario` shows how.
+* ``scope_limits``: no fault; scope admissions and rate limits under contention. 1,000 tasks
+  (quick 200) at 40/s, twice what the limits let through, over five models with concurrency
+  limits 2, 3, 4, 5 and 6, two of them rate-limited (``sl-d`` 8 per 2 s, ``sl-e`` 5 per 1 s:
+  both below what their slots could run), and three groups (``g-1`` limit 7, ``g-2`` limit 4,
+  ``g-3`` unlimited with a rate limit of 20 per 1 s), written with ``Engine.set_model`` /
+  ``set_group`` and read back from the catalogue. The wait for the last tasks is bounded at
+  120 s (quick 60 s). Figures below.
 
 Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…):
 
@@ -48,11 +53,43 @@ Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…)
   (sent, answer not recorded) at the fault. They are final, not lost.
 * ``tasks_failed``: tasks that failed. The simulated upstream never fails, so each is a wrong
   outcome caused by the fault (target 0 for ``lock_timeout``; reported for the others).
+* ``seconds`` (instead of ``recovery_seconds`` in a scenario without a fault): from the first
+  task's creation until the last one is final.
 * per scenario: ``victim_running_tasks`` (tasks the killed worker was running),
   ``outage_seconds`` (how long ``pg_ctl restart`` took), ``backends_killed``,
   ``locked_tasks`` / ``blocked_claims`` (rows locked; jobs of locked tasks worked while the
   locks were held: ≥ 1 proves the lock-timeout path ran), ``locked_not_succeeded`` (locked
   tasks that did not end succeeded, target 0), ``hold_seconds``.
+
+``scope_limits`` figures (the limits are those the catalogue holds):
+
+* ``limit_exceeded_samples``: the bench samples ``engine_scope_lease`` every 20 ms (one
+  statement, so one snapshot) on a connection of its own; each (sample, scope) where a scope
+  holds more leases than its concurrency limit counts one. Target 0. ``samples`` is how many
+  samples were taken; ``slots_exceeded_samples`` counts the same for leases plus reserved slots
+  (admitted, not started: what admission itself counts against the limit), reported only;
+  ``reserved_share`` is the share of the held slot-time that was reserved-not-started.
+* ``limit_exceeded_events``: the same from the task events, between samples too. An execution
+  runs from its ``task.started`` (unless the next event is ``task.waiting`` or
+  ``task.rate_limited``: admission turned it away) to its final or requeue event; a sweep per
+  model and group counts each time the running executions rose above the limit. Event times
+  are written a moment before admission decides and just after the release commits, so the
+  intervals over-cover the slot: this can report a boundary excess that did not happen, never
+  hide one (``limit_exceeded_longest_seconds`` tells a real excess from a millisecond one).
+  Target 0. ``peak_running_<scope>`` and ``peak_leases_<scope>`` (sampled) next to
+  ``concurrency_limit_<scope>`` show each limit was reached.
+* ``rate_exceeded_windows``: from the ledger's submission times (what the upstream saw), per
+  rate-limited scope of capacity ``C`` per interval ``I``: a token bucket lets at most
+  ``C + floor(C * w / I)`` requests through in any window of length ``w``, ``2 C`` for
+  ``w = I``. Every window ``[t, t + I]`` starting at a submission is checked; each over ``2 C``
+  counts one. Target 0. So a reader can judge how tight that is: ``rate_window_max_<scope>``
+  (most submissions in one such window, against ``rate_allowed_per_window_<scope>`` = 2 C),
+  and ``rate_long_run_per_s_<scope>`` (submissions per second from the first to the last, the
+  initial burst included) against ``rate_limit_per_s_<scope>`` (C / I). Ledger times follow the
+  token by the prepare phase (50–150 ms), so they are what the upstream saw, not the bucket's
+  own clock.
+* ``admissions_waited`` (tasks that waited in line at least once), ``rate_limited_retries``
+  (``task.rate_limited`` events): the limits bound.
 """
 
 from __future__ import annotations
@@ -60,7 +97,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -71,7 +110,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -96,6 +135,7 @@ __all__ = [
     "WORKER_SETTINGS",
     "ChaosRun",
     "ChaosScenario",
+    "ChaosSize",
     "FaultReport",
     "Monitor",
     "WorkerProcess",
@@ -149,14 +189,16 @@ _STOP_TIMEOUT = 15.0
 
 
 @attrs.frozen
-class _Size:
+class ChaosSize:
+    """The load of a run."""
+
     tasks: int
     rate: float  # tasks per second
     final_wait: float  # seconds to wait for the last tasks after the arrivals end
 
 
-_QUICK = _Size(tasks=150, rate=20.0, final_wait=30.0)
-_FULL = _Size(tasks=500, rate=25.0, final_wait=60.0)
+_QUICK = ChaosSize(tasks=150, rate=20.0, final_wait=30.0)
+_FULL = ChaosSize(tasks=500, rate=25.0, final_wait=60.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +291,15 @@ class ChaosRun:
 Injector = Callable[[ChaosRun], Awaitable[FaultReport]]
 
 
+class Watcher(Protocol):
+    """Runs alongside the load: started with ``nursery.start`` before the first arrival (it
+    calls ``task_status.started()`` once watching), cancelled once every task is final."""
+
+    def __call__(
+        self, run: ChaosRun, *, task_status: trio.TaskStatus[None] = ...
+    ) -> Awaitable[None]: ...
+
+
 @attrs.frozen
 class ChaosScenario:
     """A crash scenario; add one to :data:`CHAOS_SCENARIOS` to run it.
@@ -268,22 +319,25 @@ class ChaosScenario:
     scenario's own targets by unprefixed name. ``private_server`` puts the engine database on
     a private embedded server (``run.server``).
 
-    The ``scope_limits`` scenario of issue 7 (1,000 tasks over 5 models with concurrency limits
-    and a rate limit) fits as: ``prepare`` sets the limits, ``make_requests`` spreads the tasks
-    over the models, ``inject`` is a fault under those limits (e.g. :func:`_sigkill_worker`:
-    the dead worker's scope slots must come back), ``watch`` samples running executions per
-    scope and ``evaluate`` reports ``limit_exceeded_samples`` and ``rate_exceeded_windows``
-    with targets ``("<=", 0.0)``.
+    ``scope_limits`` uses them so: ``prepare`` sets the limits, ``make_requests`` spreads the
+    tasks over the models and groups, ``watch`` samples the held slots per scope, ``evaluate``
+    reports ``limit_exceeded_samples`` and ``rate_exceeded_windows``; it has no ``inject``
+    (``inject=None``), so it reports ``seconds`` instead of ``recovery_seconds``.
     """
 
     name: str
-    inject: Injector
+    #: None: no fault; the scenario reports ``seconds`` (submission of the first task until
+    #: the last is final) instead of ``recovery_seconds``.
+    inject: Injector | None
     settings: Mapping[str, str] = attrs.field(factory=dict)
     private_server: bool = False
     workers: int = _WORKERS
+    #: The load (default: the common sizes, 150 tasks at 20/s quick, 500 at 25/s full).
+    quick_size: ChaosSize = _QUICK
+    full_size: ChaosSize = _FULL
     prepare: Callable[[ChaosRun], Awaitable[None]] | None = None
     make_requests: Callable[[int], list[TaskRequest]] | None = None
-    watch: Callable[[ChaosRun], Awaitable[None]] | None = None
+    watch: Watcher | None = None
     evaluate: Callable[[ChaosRun], Awaitable[dict[str, float]]] | None = None
     targets: Mapping[str, tuple[str, float]] = attrs.field(factory=dict)
 
@@ -558,7 +612,27 @@ async def _recovery_seconds(run: ChaosRun, fault: datetime, measured_until: date
     return round(max(0.0, (end - fault).total_seconds()), 3)
 
 
-async def _figures(run: ChaosRun, fault: FaultReport, measured_until: datetime) -> dict[str, float]:
+async def _completion_seconds(run: ChaosRun, measured_until: datetime) -> float:
+    """The ``seconds`` figure: first submitted task created until the last one final (until
+    ``measured_until`` if some never were)."""
+    row = (
+        await run.monitor.fetch(
+            "SELECT min(created_at) AS first, max(finished_at) AS last,"
+            " count(*) FILTER (WHERE finished_at IS NULL) AS open"
+            " FROM engine_task WHERE id = ANY($1::uuid[])",
+            run.submitted,
+        )
+    )[0]
+    first: datetime | None = row["first"]
+    if first is None:
+        return 0.0
+    end: datetime = measured_until if row["open"] or row["last"] is None else row["last"]
+    return round((end - first).total_seconds(), 3)
+
+
+async def _figures(
+    run: ChaosRun, fault: FaultReport | None, measured_until: datetime
+) -> dict[str, float]:
     counts = {
         r["status"]: int(r["n"])
         for r in await run.monitor.fetch(
@@ -580,11 +654,15 @@ async def _figures(run: ChaosRun, fault: FaultReport, measured_until: datetime) 
         "tasks": float(len(run.submitted)),
         "tasks_lost": float(len(run.submitted) - final),
         "submitted_twice": float(twice),
-        "recovery_seconds": await _recovery_seconds(run, fault.at, measured_until),
-        "manual_review": float(counts.get("manual_review", 0)),
-        "tasks_failed": float(counts.get("failed", 0)),
     }
-    figures.update(fault.figures)
+    if fault is None:
+        figures["seconds"] = await _completion_seconds(run, measured_until)
+    else:
+        figures["recovery_seconds"] = await _recovery_seconds(run, fault.at, measured_until)
+    figures["manual_review"] = float(counts.get("manual_review", 0))
+    figures["tasks_failed"] = float(counts.get("failed", 0))
+    if fault is not None:
+        figures.update(fault.figures)
     return figures
 
 
@@ -602,7 +680,7 @@ async def run_chaos_scenario(
     """
     if isinstance(scenario, str):
         scenario = _BY_NAME[scenario]
-    size = _QUICK if quick else _FULL
+    size = scenario.quick_size if quick else scenario.full_size
     async with AsyncExitStack() as stack:
         if log_dir is None:
             tmp = Path(tempfile.mkdtemp(prefix="engine-chaos-logs-"))
@@ -658,14 +736,16 @@ async def run_chaos_scenario(
         make = scenario.make_requests or _default_requests
         requests = make(size.tasks)
         fault_delay = _FAULT_AT * len(requests) / size.rate
+        fault: FaultReport | None = None
         async with trio.open_nursery() as watching:
             if scenario.watch is not None:
-                watching.start_soon(scenario.watch, run)
+                await watching.start(scenario.watch, run)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_arrivals, run, requests, size.rate)
-                await trio.sleep(fault_delay)
-                fault = await scenario.inject(run)
-                _phase(scenario, "fault injected")
+                if scenario.inject is not None:
+                    await trio.sleep(fault_delay)
+                    fault = await scenario.inject(run)
+                    _phase(scenario, "fault injected")
             await _wait_final(run, trio.current_time() + size.final_wait)
             watching.cancel_scope.cancel()
         measured_until = _now()
@@ -804,6 +884,368 @@ async def _lock_timeout_outcome(run: ChaosRun) -> dict[str, float]:
     return {"locked_not_succeeded": float(len(locked) - succeeded)}
 
 
+# ---------------------------------------------------------------------------------------------
+# scope_limits: concurrency and rate limits under contention (no fault)
+
+
+@attrs.frozen
+class _LimitedScope:
+    """A model or group of the ``scope_limits`` catalogue and its share of the tasks."""
+
+    kind: str  # "model" or "group"
+    name: str
+    share: float
+    limit: int | None = None  # running tasks (None: unlimited)
+    rate: tuple[int, float] | None = None  # at most rate[0] requests per rate[1] seconds
+
+    @property
+    def scope(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+#: Shares roughly follow each model's throughput (about limit / 0.85 s a task, or its rate),
+#: so that every model stays backlogged for most of the run. The rate limits bind: sl-d could
+#: run about 6 tasks a second on its 5 slots, sl-e about 7 on its 6.
+_SCOPE_MODELS = (
+    _LimitedScope("model", "sl-a", 0.11, limit=2),
+    _LimitedScope("model", "sl-b", 0.17, limit=3),
+    _LimitedScope("model", "sl-c", 0.22, limit=4),
+    _LimitedScope("model", "sl-d", 0.22, limit=5, rate=(8, 2.0)),
+    _LimitedScope("model", "sl-e", 0.28, limit=6, rate=(5, 1.0)),
+)
+#: g-1 and g-2 get about 8 and 4 of the ~20 model slots by their share, so their limits bind
+#: too; g-3's rate limit (20/s) is a second bucket on the same admission, not expected to bind.
+_SCOPE_GROUPS = (
+    _LimitedScope("group", "g-1", 0.4, limit=7),
+    _LimitedScope("group", "g-2", 0.2, limit=4),
+    _LimitedScope("group", "g-3", 0.4, rate=(20, 1.0)),
+)
+_SCOPE_SEED = 7
+_SAMPLE_INTERVAL = 0.02  # seconds between two samples of the held slots
+
+#: Every scope of the catalogue as admission reads it.
+_CATALOGUE_SCOPES = """
+SELECT 'model:' || name AS scope, concurrency_limit, rate_limit, rate_interval FROM engine_model
+UNION ALL
+SELECT 'group:' || key, concurrency_limit, rate_limit, rate_interval FROM engine_group
+"""
+#: Leases and reserved slots (admitted, not started) per scope, in one snapshot.
+_HELD_SLOTS = """
+SELECT scope, count(*) FILTER (WHERE lease) AS leases, count(*) AS slots
+FROM (SELECT scope, true AS lease FROM engine_scope_lease
+      UNION ALL
+      SELECT unnest(scopes), false FROM engine_task_admission WHERE status = 'admitted') AS held
+GROUP BY scope
+"""
+#: The history of the run's tasks, per task in order.
+_RUN_EVENTS = """
+SELECT e.task_id, e.type, e.at, t.model, t.group_key, t.finished_at
+FROM engine_task_event e JOIN engine_task t ON t.id = e.task_id
+WHERE e.task_id = ANY($1::uuid[])
+ORDER BY e.task_id, e.at, e.id
+"""
+#: Events that end an execution that passed admission (its slot is released with them).
+_RUN_ENDS = frozenset(
+    {
+        "task.succeeded",
+        "task.failed",
+        "task.cancelled",
+        "task.manual_review",
+        "task.requeued",
+        "task.queued",
+    }
+)
+#: Events right after ``task.started`` of an execution that did not pass admission.
+_NOT_ADMITTED = frozenset({"task.waiting", "task.rate_limited"})
+
+
+@attrs.define
+class _ScopeWatch:
+    """The limits of the run and what the sampler saw."""
+
+    limits: dict[str, int]  # scope: concurrency limit
+    rates: dict[str, tuple[int, float]]  # scope: (requests, per seconds)
+    samples: int = 0
+    leases_exceeded: int = 0
+    slots_exceeded: int = 0
+    peak_leases: dict[str, int] = attrs.field(factory=dict)
+    peak_slots: dict[str, int] = attrs.field(factory=dict)
+    #: Sums over the samples and limited scopes: slots held, and of those reserved for an
+    #: admitted task that has not started yet.
+    held_slots: int = 0
+    reserved_slots: int = 0
+
+    def record(self, rows: Sequence[Record]) -> None:
+        """One sample: count each scope holding more than its limit."""
+        self.samples += 1
+        for row in rows:
+            scope, leases, slots = row["scope"], int(row["leases"]), int(row["slots"])
+            self.peak_leases[scope] = max(self.peak_leases.get(scope, 0), leases)
+            self.peak_slots[scope] = max(self.peak_slots.get(scope, 0), slots)
+            limit = self.limits.get(scope)
+            if limit is None:
+                continue
+            self.held_slots += slots
+            self.reserved_slots += slots - leases
+            if leases > limit:
+                self.leases_exceeded += 1
+                log.warning(
+                    "scope over its limit",
+                    extra={"event": "chaos_scope_exceeded", "scope": scope, "leases": leases},
+                )
+            if slots > limit:
+                self.slots_exceeded += 1
+
+
+def _spread(count: int, shares: Sequence[float], rng: random.Random) -> list[int]:
+    """``count`` indexes into ``shares``, each as often as its share (largest remainder),
+    shuffled."""
+    total = sum(shares)
+    exact = [count * share / total for share in shares]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(shares)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[: count - sum(counts)]:
+        counts[i] += 1
+    out = [i for i, n in enumerate(counts) for _ in range(n)]
+    rng.shuffle(out)
+    return out
+
+
+def _scope_requests(count: int) -> list[TaskRequest]:
+    """``count`` tasks over the models and groups of :data:`_SCOPE_MODELS` and
+    :data:`_SCOPE_GROUPS` by their shares, in a fixed random order."""
+    rng = random.Random(_SCOPE_SEED)
+    models = _spread(count, [m.share for m in _SCOPE_MODELS], rng)
+    groups = _spread(count, [g.share for g in _SCOPE_GROUPS], rng)
+    return [
+        TaskRequest(
+            model=_SCOPE_MODELS[m].name,
+            payload={"n": n},
+            identity=_IDENTITY,
+            group_key=_SCOPE_GROUPS[g].name,
+            run_mode=RunMode.SIMULATION,
+        )
+        for n, (m, g) in enumerate(zip(models, groups, strict=True))
+    ]
+
+
+async def _scope_prepare(run: ChaosRun) -> None:
+    """Write the limits with ``Engine.set_model`` / ``set_group`` and read them back as
+    admission reads them (the figures are judged against what the catalogue holds)."""
+    for m in _SCOPE_MODELS:
+        await run.client.set_model(
+            m.name,
+            concurrency_limit=m.limit,
+            rate_limit=None if m.rate is None else m.rate[0],
+            rate_interval=1.0 if m.rate is None else m.rate[1],
+        )
+    for g in _SCOPE_GROUPS:
+        await run.client.set_group(
+            g.name,
+            concurrency_limit=g.limit,
+            rate_limit=None if g.rate is None else g.rate[0],
+            rate_interval=1.0 if g.rate is None else g.rate[1],
+        )
+    stored = {r["scope"]: r for r in await run.monitor.fetch(_CATALOGUE_SCOPES)}
+    watch = _ScopeWatch(limits={}, rates={})
+    for wanted in (*_SCOPE_MODELS, *_SCOPE_GROUPS):
+        row = stored.get(wanted.scope)
+        rate = (
+            None
+            if row is None or not row["rate_limit"]
+            else (row["rate_limit"], row["rate_interval"])
+        )
+        if row is None or row["concurrency_limit"] != wanted.limit or rate != wanted.rate:
+            raise RuntimeError(f"the catalogue does not hold the limits of {wanted}: {row}")
+        if wanted.limit is not None:
+            watch.limits[wanted.scope] = wanted.limit
+        if wanted.rate is not None:
+            watch.rates[wanted.scope] = wanted.rate
+    run.notes["scope_watch"] = watch
+
+
+async def _scope_watch(
+    run: ChaosRun, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Sample the held slots per scope every :data:`_SAMPLE_INTERVAL` on a connection of its
+    own, until cancelled."""
+    watch: _ScopeWatch = run.notes["scope_watch"]
+    monitor = Monitor(run.url)
+    try:
+        watch.record(await monitor.fetch(_HELD_SLOTS))
+        task_status.started()
+        next_at = trio.current_time()
+        while True:
+            next_at = max(next_at + _SAMPLE_INTERVAL, trio.current_time())
+            await trio.sleep_until(next_at)
+            watch.record(await monitor.fetch(_HELD_SLOTS))
+    finally:
+        with trio.CancelScope(shield=True):
+            await monitor.close()
+
+
+@attrs.frozen
+class _Execution:
+    """An execution that passed admission: from its ``task.started`` to the event that ended
+    it."""
+
+    model: str
+    group_key: str | None
+    start: datetime
+    end: datetime
+
+
+def _executions(rows: Sequence[Record], measured_until: datetime) -> list[_Execution]:
+    """The admitted executions in ``rows`` (:data:`_RUN_EVENTS`).
+
+    ``task.started`` is written right after the claim, a moment before admission decides; an
+    execution whose next event is ``task.waiting`` or ``task.rate_limited`` never held a slot.
+    Any other ends with its final (or requeue) event, written just after the release commits,
+    or with the next ``task.started`` of the task, or with the task's ``finished_at`` (else
+    ``measured_until``). So each interval covers the time the slot was held, a little more
+    at both ends: counting them can over-report an excess at a boundary, never hide one."""
+    out: list[_Execution] = []
+    current: Record | None = None  # the task.started row of the open execution
+
+    def close(end: datetime) -> None:
+        assert current is not None
+        out.append(_Execution(current["model"], current["group_key"], current["at"], end))
+
+    for row in rows:
+        if current is not None and row["task_id"] != current["task_id"]:
+            close(current["finished_at"] or measured_until)
+            current = None
+        kind = row["type"]
+        if kind == "task.started":
+            if current is not None:
+                close(row["at"])
+            current = row
+        elif current is not None and kind in _NOT_ADMITTED:
+            current = None
+        elif current is not None and kind in _RUN_ENDS:
+            close(row["at"])
+            current = None
+    if current is not None:
+        close(current["finished_at"] or measured_until)
+    return out
+
+
+def _running_over_limit(
+    executions: Sequence[_Execution], limits: Mapping[str, int]
+) -> tuple[int, dict[str, int], float]:
+    """Sweep the executions per limited scope: how many times the running count rose above
+    the limit, the peak count per scope, and the longest such excess in seconds."""
+    points: dict[str, list[tuple[datetime, int]]] = {}
+    for e in executions:
+        scopes = [f"model:{e.model}"] + ([] if e.group_key is None else [f"group:{e.group_key}"])
+        for scope in scopes:
+            if scope in limits:
+                points.setdefault(scope, []).extend([(e.start, 1), (e.end, -1)])
+    excesses = 0
+    longest = 0.0
+    peaks: dict[str, int] = {}
+    for scope, changes in points.items():
+        changes.sort()  # at the same instant an end (-1) comes before a start (+1)
+        running = 0
+        over_since: datetime | None = None
+        for at, delta in changes:
+            running += delta
+            peaks[scope] = max(peaks.get(scope, 0), running)
+            if running > limits[scope] and over_since is None:
+                excesses += 1
+                over_since = at
+                log.warning(
+                    "running tasks over the scope's limit",
+                    extra={"event": "chaos_running_exceeded", "scope": scope, "at": at},
+                )
+            elif running <= limits[scope] and over_since is not None:
+                longest = max(longest, (at - over_since).total_seconds())
+                over_since = None
+    return excesses, peaks, longest
+
+
+def _rate_windows(times: Sequence[datetime], capacity: int, interval: float) -> tuple[int, int]:
+    """Check submission ``times`` against a token bucket of ``capacity`` tokens refilled at
+    ``capacity`` per ``interval`` seconds.
+
+    Such a bucket lets at most ``C + floor(C * w / I)`` requests through in any window of
+    length ``w`` (full at its start, refilled during it); for ``w = I`` that is ``2 C``. Every
+    window ``[t, t + I]`` starting at a submission is checked (the fullest window starts at
+    one). Returns the windows over the bound and the largest count in one window."""
+    stamps = sorted(t.timestamp() for t in times)
+    allowed = capacity + math.floor(capacity * interval / interval)
+    over = largest = 0
+    j = 0
+    for i, start in enumerate(stamps):
+        while j < len(stamps) and stamps[j] <= start + interval:
+            j += 1
+        largest = max(largest, j - i)
+        if j - i > allowed:
+            over += 1
+    return over, largest
+
+
+def _long_run_rate(times: Sequence[datetime]) -> float:
+    """Submissions per second from the first to the last one."""
+    if len(times) < 2:
+        return 0.0
+    span = (max(times) - min(times)).total_seconds()
+    return (len(times) - 1) / span if span > 0 else 0.0
+
+
+def _figure_key(scope: str) -> str:
+    return scope.replace(":", "_").replace("-", "_")
+
+
+async def _scope_evaluate(run: ChaosRun) -> dict[str, float]:
+    """The ``scope_limits`` figures (see the module docstring)."""
+    watch: _ScopeWatch = run.notes["scope_watch"]
+    rows = await run.monitor.fetch(_RUN_EVENTS, run.submitted)
+    executions = _executions(rows, _now())
+    excesses, running_peaks, longest = _running_over_limit(executions, watch.limits)
+    figures: dict[str, float] = {
+        "samples": float(watch.samples),
+        "limit_exceeded_samples": float(watch.leases_exceeded),
+        "slots_exceeded_samples": float(watch.slots_exceeded),
+        "limit_exceeded_events": float(excesses),
+        "limit_exceeded_longest_seconds": round(longest, 3),
+        "reserved_share": round(watch.reserved_slots / max(1, watch.held_slots), 3),
+        "admissions_waited": float(
+            len({r["task_id"] for r in rows if r["type"] == "task.waiting"})
+        ),
+        "rate_limited_retries": float(sum(r["type"] == "task.rate_limited" for r in rows)),
+    }
+    for scope, limit in watch.limits.items():
+        key = _figure_key(scope)
+        figures[f"concurrency_limit_{key}"] = float(limit)
+        figures[f"peak_leases_{key}"] = float(watch.peak_leases.get(scope, 0))
+        figures[f"peak_running_{key}"] = float(running_peaks.get(scope, 0))
+    ledger = await connect(run.ledger_url, application_name=BENCH_APPLICATION)
+    try:
+        submissions = await ledger.fetch(f"SELECT task_id, at FROM {LEDGER_TABLE}")
+    finally:
+        await ledger.close()
+    scopes_of = {
+        r["id"]: (f"model:{r['model']}", f"group:{r['group_key']}")
+        for r in await run.monitor.fetch(
+            "SELECT id, model, group_key FROM engine_task WHERE id = ANY($1::uuid[])",
+            run.submitted,
+        )
+    }
+    over_total = 0
+    for scope, (capacity, interval) in watch.rates.items():
+        times = [r["at"] for r in submissions if scope in scopes_of.get(r["task_id"], ())]
+        over, largest = _rate_windows(times, capacity, interval)
+        over_total += over
+        key = _figure_key(scope)
+        figures[f"rate_allowed_per_window_{key}"] = float(2 * capacity)
+        figures[f"rate_window_max_{key}"] = float(largest)
+        figures[f"rate_limit_per_s_{key}"] = round(capacity / interval, 3)
+        figures[f"rate_long_run_per_s_{key}"] = round(_long_run_rate(times), 3)
+    figures["rate_exceeded_windows"] = float(over_total)
+    return figures
+
+
 #: The scenarios ``bench chaos`` runs, in order. ``scope_limits`` joins them with the scope
 #: admissions and rate limits (engine/admission): see :class:`ChaosScenario`.
 CHAOS_SCENARIOS: list[ChaosScenario] = [
@@ -822,6 +1264,23 @@ CHAOS_SCENARIOS: list[ChaosScenario] = [
             "blocked_claims": (">=", 1.0),
         },
     ),
+    ChaosScenario(
+        "scope_limits",
+        None,  # no fault: the limits under contention are the test
+        prepare=_scope_prepare,
+        make_requests=_scope_requests,
+        watch=_scope_watch,
+        evaluate=_scope_evaluate,
+        # Arrivals at twice the ~20 tasks/s the limits allow, so every scope backs up.
+        quick_size=ChaosSize(tasks=200, rate=40.0, final_wait=60.0),
+        full_size=ChaosSize(tasks=1000, rate=40.0, final_wait=120.0),
+        targets={
+            "tasks_failed": ("<=", 0.0),
+            "limit_exceeded_samples": ("<=", 0.0),
+            "limit_exceeded_events": ("<=", 0.0),
+            "rate_exceeded_windows": ("<=", 0.0),
+        },
+    ),
 ]
 
 _BY_NAME = {s.name: s for s in CHAOS_SCENARIOS}
@@ -835,8 +1294,14 @@ _COMMON_TARGETS: Mapping[str, tuple[str, float]] = {
 
 
 def scenario_targets(scenario: ChaosScenario) -> dict[str, tuple[str, float]]:
-    """The scenario's targets, by its unprefixed figure names."""
-    return {**_COMMON_TARGETS, **scenario.targets}
+    """The scenario's targets, by its unprefixed figure names (no ``recovery_seconds`` without
+    a fault)."""
+    common = {
+        k: v
+        for k, v in _COMMON_TARGETS.items()
+        if scenario.inject is not None or k != "recovery_seconds"
+    }
+    return {**common, **scenario.targets}
 
 
 def _all_targets() -> dict[str, tuple[str, float]]:

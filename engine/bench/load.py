@@ -31,8 +31,8 @@ mode). The controller's :meth:`~engine.load.controller.LoadController.snapshot` 
 ``prepare_phase_p50_ms``
     median ``task.started`` → ``task.submitted`` (the heavy ``preparing`` phase: admission,
     the 20 ms burn, the submission record, plus waiting for the event loop while other tasks
-    burn). A heavy slot is held that long, so the heavy limit caps the rate at about
-    ``4 / (2 × phase)`` tasks per second;
+    burn). A heavy slot is held that long, and again while finalizing, so the rate is bounded
+    by ``4 / (preparing time + finalizing time)`` tasks per second;
 ``process_cpu_seconds``
     this process's CPU time during the part (the service and the bench share it): compared
     with ``cpu_floor_seconds`` it shows what the rest costs, refusals included.

@@ -86,7 +86,7 @@ from typing import Final
 import attrs
 import trio
 
-from engine.bench.common import BenchDatabase
+from engine.bench.common import BenchDatabase, check_targets
 from engine.bench.worker import (
     BENCH_TABLES_SQL,
     WorkerProcess,
@@ -148,7 +148,6 @@ WORKER_SETTINGS: Final[dict[str, str]] = {
     "metrics.enabled": "false",
     "tasks.demo_catalogue": "false",
     "database.migrate_on_start": "false",
-    "database.pool_max_size": "8",
 }
 
 #: Each task spends ~200 ms "upstream": one poll that takes 200 ms.
@@ -620,14 +619,18 @@ async def run_resize_bench(admin_url: str, *, quick: bool = False) -> dict[str, 
         log_dir = Path(tmp)
         try:
             with trio.fail_after(plan.overall_timeout):
-                return await _run(admin_url, plan, log_dir)
+                results = await _run(admin_url, plan, log_dir)
         except BaseException:
             _print_logs(log_dir)
             raise
+        if not all(check_targets(results, TARGETS).values()):
+            _print_logs(log_dir)
+        return results
 
 
 def _print_logs(log_dir: Path) -> None:
-    """On failure, show the end of each worker's log (the directory is about to go)."""
+    """On a failure or a missed target, show the end of each worker's log (warnings and
+    errors; the directory is about to go)."""
     for path in sorted(log_dir.glob("*.log")):
         lines = path.read_text(errors="replace").splitlines()[-30:]
         if lines:

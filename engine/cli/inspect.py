@@ -45,15 +45,19 @@ Commands and their ``--json`` documents:
 ``queue pause NAME`` / ``queue resume NAME``
     ``{"queue": {"name", "paused", "paused_at"}}``: fetching from the queue stops (resumes) in
     every process; running jobs go on.
-``models list`` / ``models set NAME [--limit N | --unlimited] [--enable | --disable]
-[--provider P]``
+``models list`` / ``models set NAME [--limit N | --unlimited] [--rate N/S | --no-rate]
+[--enable | --disable] [--provider P]``
     ``{"models": [MODEL]}`` / ``{"model": MODEL}``; MODEL is ``{"name", "enabled",
-    "concurrency_limit" (null: unlimited), "provider", "settings", "created_at", "updated_at"}``.
-    ``set`` changes only the options given; a new model starts enabled, unlimited, on provider
-    ``simulated``.
-``groups list`` / ``groups set KEY [--limit N | --unlimited] [--enable | --disable]``
+    "concurrency_limit" (null: unlimited), "rate_limit" (requests per interval; null: none),
+    "rate_interval" (seconds; null without a rate limit), "provider", "settings", "created_at",
+    "updated_at"}``. ``--rate 10/1`` allows 10 requests per second (a token bucket of 10, refilled
+    at that rate), ``--rate 30/60`` 30 a minute; ``--no-rate`` removes it. ``set`` changes only
+    the options given; a new model starts enabled, unlimited, without a rate limit, on provider
+    ``simulated``. Tables show the rate as ``10/1s``.
+``groups list`` / ``groups set KEY [--limit N | --unlimited] [--rate N/S | --no-rate]
+[--enable | --disable]``
     ``{"groups": [GROUP]}`` / ``{"group": GROUP}``; GROUP is ``{"key", "enabled",
-    "concurrency_limit", "created_at", "updated_at"}``.
+    "concurrency_limit", "rate_limit", "rate_interval", "created_at", "updated_at"}``.
 
 Errors are engine errors, reported by :func:`engine.cli.main.main` as ``engine: error: ...`` with
 exit status 1 (``no task <id>`` for an unknown task id); a malformed option is a usage error
@@ -258,11 +262,22 @@ def _limit_json(limit: int | None) -> int | None:
     return limit if limit is not None and limit > 0 else None
 
 
+def _rate_json(row: Record) -> dict[str, Any]:
+    """``rate_limit`` and ``rate_interval`` as users read them: both null without a rate limit
+    (NULL or <= 0, as admission reads it)."""
+    limit = _limit_json(row["rate_limit"])
+    return {
+        "rate_limit": limit,
+        "rate_interval": None if limit is None else float(row["rate_interval"]),
+    }
+
+
 def _model_json(row: Record) -> dict[str, Any]:
     return {
         "name": row["name"],
         "enabled": row["enabled"],
         "concurrency_limit": _limit_json(row["concurrency_limit"]),
+        **_rate_json(row),
         "provider": row["provider"],
         "settings": _settings(row["settings"]),
         "created_at": _iso(row["created_at"]),
@@ -275,6 +290,7 @@ def _group_json(row: Record) -> dict[str, Any]:
         "key": row["key"],
         "enabled": row["enabled"],
         "concurrency_limit": _limit_json(row["concurrency_limit"]),
+        **_rate_json(row),
         "created_at": _iso(row["created_at"]),
         "updated_at": _iso(row["updated_at"]),
     }
@@ -320,6 +336,14 @@ def _age(seconds: float) -> str:
 def _limit_text(limit: int | None) -> str:
     limit = _limit_json(limit)
     return "unlimited" if limit is None else str(limit)
+
+
+def _rate_text(row: Record) -> str:
+    """A rate limit for humans: ``10/1s`` (10 requests per second), or ``none``."""
+    rate = _rate_json(row)
+    if rate["rate_limit"] is None:
+        return "none"
+    return f"{rate['rate_limit']}/{rate['rate_interval']:g}s"
 
 
 def _compact(value: Any) -> str:
@@ -687,12 +711,13 @@ async def _cmd_models_list(eng: Engine, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         format_table(
-            ["NAME", "ENABLED", "LIMIT", "PROVIDER", "UPDATED"],
+            ["NAME", "ENABLED", "LIMIT", "RATE", "PROVIDER", "UPDATED"],
             [
                 [
                     r["name"],
                     r["enabled"],
                     _limit_text(r["concurrency_limit"]),
+                    _rate_text(r),
                     r["provider"],
                     r["updated_at"],
                 ]
@@ -722,8 +747,36 @@ def _new_limit(args: argparse.Namespace, current: int | None) -> int | None:
     return current
 
 
+def _new_rate(args: argparse.Namespace, current: Record | None) -> tuple[int | None, float]:
+    """The ``rate_limit`` and ``rate_interval`` to write: ``--rate``, ``--no-rate``, or what the
+    catalogue holds (none for a new entry)."""
+    if args.no_rate or (args.rate is None and current is None):
+        return None, 1.0
+    if args.rate is not None:
+        limit, interval = args.rate
+        return int(limit), float(interval)
+    assert current is not None
+    return current["rate_limit"], float(current["rate_interval"])
+
+
+def _rate_arg(text: str) -> tuple[int, float]:
+    """argparse type of ``--rate``: ``N/S``, N requests (an integer > 0) per S seconds (> 0)."""
+    count, sep, seconds = text.strip().partition("/")
+    try:
+        limit = int(count)
+        interval = float(seconds)
+    except ValueError:
+        limit, interval = 0, 0.0
+    if not sep or limit <= 0 or not 0 < interval < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"expected N/S (N requests per S seconds, e.g. 10/1), got {text!r}"
+        )
+    return limit, interval
+
+
 async def _cmd_models_set(eng: Engine, args: argparse.Namespace) -> int:
     current = await eng.db.coordination.fetchrow(_MODEL_GET, args.name)
+    rate_limit, rate_interval = _new_rate(args, current)
     await eng.set_model(
         args.name,
         enabled=args.enabled
@@ -734,6 +787,8 @@ async def _cmd_models_set(eng: Engine, args: argparse.Namespace) -> int:
         ),
         provider=args.provider or ("simulated" if current is None else current["provider"]),
         settings=None if current is None else _settings(current["settings"]),
+        rate_limit=rate_limit,
+        rate_interval=rate_interval,
     )
     row = await eng.db.coordination.fetchrow(_MODEL_GET, args.name)
     assert row is not None
@@ -744,7 +799,7 @@ async def _cmd_models_set(eng: Engine, args: argparse.Namespace) -> int:
         state = "enabled" if row["enabled"] else "disabled"
         print(
             f"model {row['name']} {verb}: {state}, limit {_limit_text(row['concurrency_limit'])}, "
-            f"provider {row['provider']}"
+            f"rate {_rate_text(row)}, provider {row['provider']}"
         )
     return EXIT_OK
 
@@ -759,9 +814,15 @@ async def _cmd_groups_list(eng: Engine, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         format_table(
-            ["KEY", "ENABLED", "LIMIT", "UPDATED"],
+            ["KEY", "ENABLED", "LIMIT", "RATE", "UPDATED"],
             [
-                [r["key"], r["enabled"], _limit_text(r["concurrency_limit"]), r["updated_at"]]
+                [
+                    r["key"],
+                    r["enabled"],
+                    _limit_text(r["concurrency_limit"]),
+                    _rate_text(r),
+                    r["updated_at"],
+                ]
                 for r in rows
             ],
         )
@@ -778,6 +839,7 @@ async def _group_row(eng: Engine, key: str) -> Record | None:
 
 async def _cmd_groups_set(eng: Engine, args: argparse.Namespace) -> int:
     current = await _group_row(eng, args.key)
+    rate_limit, rate_interval = _new_rate(args, current)
     await eng.set_group(
         args.key,
         enabled=args.enabled
@@ -786,6 +848,8 @@ async def _cmd_groups_set(eng: Engine, args: argparse.Namespace) -> int:
         concurrency_limit=_new_limit(
             args, None if current is None else current["concurrency_limit"]
         ),
+        rate_limit=rate_limit,
+        rate_interval=rate_interval,
     )
     row = await _group_row(eng, args.key)
     assert row is not None
@@ -794,7 +858,10 @@ async def _cmd_groups_set(eng: Engine, args: argparse.Namespace) -> int:
     else:
         verb = "created" if current is None else "updated"
         state = "enabled" if row["enabled"] else "disabled"
-        print(f"group {row['key']} {verb}: {state}, limit {_limit_text(row['concurrency_limit'])}")
+        print(
+            f"group {row['key']} {verb}: {state}, limit {_limit_text(row['concurrency_limit'])}, "
+            f"rate {_rate_text(row)}"
+        )
     return EXIT_OK
 
 
@@ -827,6 +894,14 @@ def _catalogue_options(parser: argparse.ArgumentParser) -> None:
         "--limit", type=positive_int, metavar="N", help="concurrency limit (running tasks)"
     )
     limit.add_argument("--unlimited", action="store_true", help="remove the concurrency limit")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--rate",
+        type=_rate_arg,
+        metavar="N/S",
+        help="rate limit: at most N requests per S seconds (e.g. 10/1)",
+    )
+    rate.add_argument("--no-rate", action="store_true", help="remove the rate limit")
     enabled = parser.add_mutually_exclusive_group()
     enabled.add_argument("--enable", dest="enabled", action="store_const", const=True)
     enabled.add_argument("--disable", dest="enabled", action="store_const", const=False)

@@ -224,8 +224,24 @@ class Engine:
         concurrency_limit: int | None = None,
         provider: str = "simulated",
         settings: Mapping[str, Any] | None = None,
+        rate_limit: int | None = None,
+        rate_interval: float = 1.0,
     ) -> None:
-        """Create or change a model in the catalogue."""
+        """Create or change a model in the catalogue.
+
+        Every field is written as given: ``concurrency_limit`` None (or <= 0) is unlimited,
+        ``rate_limit`` None (or <= 0) is no rate limit, else at most ``rate_limit`` requests
+        per ``rate_interval`` seconds (a token bucket of that many tokens, refilled at that
+        rate; a change applies within a second, see
+        :class:`~engine.admission.gate.ScopeCatalog`).
+
+        Raises:
+            ValueError: ``rate_interval`` is not a positive number of seconds.
+        """
+        if not 0 < rate_interval < float("inf"):
+            raise ValueError(
+                f"rate_interval must be a positive number of seconds: {rate_interval!r}"
+            )
         await self.db.coordination.fetchrow(
             _MODEL_UPSERT,
             name,
@@ -233,15 +249,37 @@ class Engine:
             concurrency_limit,
             provider,
             json.dumps(dict(settings or {})),
+            rate_limit,
+            float(rate_interval),
             CATALOG_CHANNEL,
         )
 
     async def set_group(
-        self, key: str, *, enabled: bool = True, concurrency_limit: int | None = None
+        self,
+        key: str,
+        *,
+        enabled: bool = True,
+        concurrency_limit: int | None = None,
+        rate_limit: int | None = None,
+        rate_interval: float = 1.0,
     ) -> None:
-        """Create or change a group in the catalogue."""
+        """Create or change a group in the catalogue; limits as in :meth:`set_model`.
+
+        Raises:
+            ValueError: ``rate_interval`` is not a positive number of seconds.
+        """
+        if not 0 < rate_interval < float("inf"):
+            raise ValueError(
+                f"rate_interval must be a positive number of seconds: {rate_interval!r}"
+            )
         await self.db.coordination.fetchrow(
-            _GROUP_UPSERT, key, enabled, concurrency_limit, CATALOG_CHANNEL
+            _GROUP_UPSERT,
+            key,
+            enabled,
+            concurrency_limit,
+            rate_limit,
+            float(rate_interval),
+            CATALOG_CHANNEL,
         )
 
 

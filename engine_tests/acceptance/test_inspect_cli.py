@@ -31,6 +31,7 @@ from engine.cli.submit import Progress, ProgressDisplay
 from engine.config import EngineConfig, load_config
 from engine.db.bridge import Connection
 from engine.db.database import Database, DatabaseUrls
+from engine.db.sqlfiles import QUERIES
 from engine.providers.simulated import SimulatedProvider
 from engine.service.engine import open_engine
 from engine.tasks.models import TaskStatus
@@ -151,13 +152,14 @@ async def test_models_set_then_list_shows_it_and_set_changes_only_what_is_given(
         ("m1", False, 5, "acme")
     ]
     assert set(models[0]) == {
-        "name", "enabled", "concurrency_limit", "provider", "settings", "created_at", "updated_at",
+        "name", "enabled", "concurrency_limit", "rate_limit", "rate_interval", "provider",
+        "settings", "created_at", "updated_at",
     }  # fmt: skip
 
     out = (await cli("models", "set", "m1", "--enable", "--unlimited")).ok()
-    assert out.strip() == "model m1 updated: enabled, limit unlimited, provider acme"
+    assert out.strip() == "model m1 updated: enabled, limit unlimited, rate none, provider acme"
     table = (await cli("models", "list")).ok()
-    assert re.search(r"^m1\s+yes\s+unlimited\s+acme\s", table, re.MULTILINE), table
+    assert re.search(r"^m1\s+yes\s+unlimited\s+none\s+acme\s", table, re.MULTILINE), table
 
     err = (await cli("models", "set", "m1", "--limit", "2", "--unlimited")).error(2)
     assert "not allowed with argument" in err
@@ -173,6 +175,46 @@ async def test_groups_set_then_list(cli: Cli) -> None:
         ("team-a", False, 3)
     ]
     assert "team-a" in (await cli("groups", "list")).ok()
+
+
+async def test_rate_limits_set_show_and_remove(cli: Cli, conn: Connection) -> None:
+    created = (await cli("models", "set", "m1", "--rate", "10/1", "--json")).json()["model"]
+    assert (created["rate_limit"], created["rate_interval"]) == (10, 1.0)
+    assert created["concurrency_limit"] is None
+    # Other options leave the rate alone; a new --rate replaces both numbers.
+    out = (await cli("models", "set", "m1", "--limit", "3")).ok()
+    assert out.strip() == "model m1 updated: enabled, limit 3, rate 10/1s, provider simulated"
+    (await cli("models", "set", "m1", "--rate", "30/0.5")).ok()
+    row = await conn.fetchrow("SELECT * FROM engine_model WHERE name = 'm1'")
+    assert row is not None
+    assert (row["concurrency_limit"], row["rate_limit"], row["rate_interval"]) == (3, 30, 0.5)
+    # What admission reads for a task of the model: its scope, limits and interval.
+    scopes = await conn.fetch(QUERIES["scope_limits_for_task"], "m1", None)
+    assert [tuple(r) for r in scopes] == [("model:m1", 3, 30, 0.5)]
+    models = (await cli("models", "list", "--json")).json()["models"]
+    assert [(m["name"], m["rate_limit"], m["rate_interval"]) for m in models] == [("m1", 30, 0.5)]
+    table = (await cli("models", "list")).ok()
+    assert re.search(r"^m1\s+yes\s+3\s+30/0\.5s\s+simulated\s", table, re.MULTILINE), table
+
+    gone = (await cli("models", "set", "m1", "--no-rate", "--json")).json()["model"]
+    assert (gone["rate_limit"], gone["rate_interval"], gone["concurrency_limit"]) == (None, None, 3)
+    assert await conn.fetchval("SELECT rate_limit FROM engine_model WHERE name = 'm1'") is None
+
+    group = (await cli("groups", "set", "team-a", "--rate", "5/2", "--json")).json()["group"]
+    assert (group["rate_limit"], group["rate_interval"]) == (5, 2.0)
+    assert group["concurrency_limit"] is None
+    out = (await cli("groups", "set", "team-a", "--limit", "4")).ok()
+    assert out.strip() == "group team-a updated: enabled, limit 4, rate 5/2s"
+    assert re.search(r"^team-a\s+yes\s+4\s+5/2s\s", (await cli("groups", "list")).ok(), re.M)
+    groups = (await cli("groups", "list", "--json")).json()["groups"]
+    assert [(g["key"], g["rate_limit"], g["rate_interval"]) for g in groups] == [("team-a", 5, 2.0)]
+    (await cli("groups", "set", "team-a", "--no-rate")).ok()
+    assert (await cli("groups", "list", "--json")).json()["groups"][0]["rate_limit"] is None
+
+    for bad in ["10", "0/1", "-1/1", "10/0", "10/-1", "ten/1", "10/x", "1.5/1", "10/nan"]:
+        assert "--rate" in (await cli("models", "set", "m1", f"--rate={bad}")).error(2), bad
+    err = (await cli("groups", "set", "team-a", "--rate", "1/1", "--no-rate")).error(2)
+    assert "not allowed with argument" in err
 
 
 # ---------------------------------------------------------------------------------------------
