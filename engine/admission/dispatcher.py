@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from engine.config import EngineConfig
-from engine.db.bridge import Record
+from engine.db.bridge import Connection, Pool, Record
 from engine.db.database import Database
 from engine.db.listen import Listener
 from engine.db.sqlfiles import QUERIES
@@ -79,6 +79,16 @@ class Dispatcher:
     async def run_once(self) -> DispatchReport:
         """One dispatch round."""
         self.rounds += 1
+        # The catalogue may live in another database (coordination). Read its limits before
+        # taking any lock: waiting for a second pooled connection while holding scope locks
+        # deadlocks once executions waiting on those locks hold the rest of the pool.
+        separate = self.db.coordination is not self.db.tasks
+        limits: dict[str, float] = {}
+        if separate:
+            preview = await self.db.tasks.fetch(_WAITING, self.batch)
+            if not preview:
+                return DispatchReport()
+            limits = await _limits(self.db.coordination, {s for r in preview for s in r["scopes"]})
         async with self.db.tasks.transaction() as conn:
             await conn.execute(_LOCK_DISPATCH)
             waiting = await conn.fetch(_WAITING, self.batch)
@@ -87,11 +97,10 @@ class Dispatcher:
             scopes = sorted({s for row in waiting for s in row["scopes"]})
             for scope in scopes:
                 await conn.execute(_SCOPE_LOCK, scope)
-            limits: dict[str, float] = {s: math.inf for s in scopes}
-            # The catalogue lives in the coordination database (maybe not this one).
-            for row in await self.db.coordination.fetch(_LIMITS, scopes):
-                if (row["concurrency_limit"] or 0) > 0:
-                    limits[row["scope"]] = row["concurrency_limit"]
+            if not separate:
+                limits = await _limits(conn, set(scopes))
+            # A scope that appeared since the preview waits for the next round.
+            limits = {s: limits.get(s, 0) for s in scopes}
             used = {r["scope"]: int(r["used"]) for r in await conn.fetch(_USED, scopes)}
             chosen = _choose(waiting, limits, used)
             if not chosen:
@@ -152,6 +161,15 @@ class Dispatcher:
                 with trio.move_on_after(cfg.dispatch_interval):
                     await wake.wait()
                 wake = trio.Event()
+
+
+async def _limits(source: Pool | Connection, scopes: set[str]) -> dict[str, float]:
+    """Concurrency limit per scope (``math.inf`` when the scope has none)."""
+    limits: dict[str, float] = {s: math.inf for s in scopes}
+    for row in await source.fetch(_LIMITS, sorted(scopes)):
+        if (row["concurrency_limit"] or 0) > 0:
+            limits[row["scope"]] = row["concurrency_limit"]
+    return limits
 
 
 def _choose(
