@@ -143,7 +143,9 @@ class Producer:
                 backoff = min(backoff * 2, 2.0)
 
     async def _serve(self, conn: Connection, leader: bool) -> None:
-        """One claim loop; only the ``leader`` loop polls and does follow-up fetches."""
+        """One claim loop; only the ``leader`` loop polls. Any loop whose claim found jobs
+        fetches once more after the cooldown, for inserts whose NOTIFY the insert side held
+        back (at most one per queue per cooldown)."""
         rng = random.Random()
         next_poll = trio.current_time() if leader else math.inf
         last_fetch = -1e9
@@ -185,7 +187,7 @@ class Producer:
                     self.wakeup.set()  # the claim was capped, not the room: fetch again now
                 else:
                     self._fetch_when_free = True
-            elif jobs and leader:
+            elif jobs:
                 followup = last_fetch + self.config.cooldown
             for job in jobs:
                 self._start_job(job)
@@ -214,6 +216,11 @@ class Producer:
             unused = limit - len(rows)
             self.running -= unused
             self.slots.give_back(unused)
+            if unused and self._fetch_when_free:
+                # Another loop found no room while this claim held the reservation (and
+                # consumed a wake-up meant for an insert): the room is back, so fetch again.
+                self._fetch_when_free = False
+                self.wakeup.set()
         if carried:
             if timer.cancelled_caught:  # the statement was cancelled: nothing was written
                 self.completer.return_plain(carried)

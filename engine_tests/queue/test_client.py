@@ -228,3 +228,26 @@ async def test_insert_tx_is_invisible_until_commit_and_gone_on_rollback(
             assert await client.get(kept.job.id) is None  # other connections cannot see it
     assert await client.get(rolled.job.id) is None
     assert await client.get(kept.job.id) is not None
+
+
+async def test_every_insert_is_picked_up_by_notify_not_by_the_poll(database: Database) -> None:
+    # Regression: a follow-up claim in flight reserved every slot while an insert's NOTIFY
+    # arrived; the loop that got the wake-up found no room, and the job waited for the poll.
+    # With a 60 s poll, each of 100 single inserts must still start at once.
+    arrived: dict[int, trio.Event] = {}
+
+    async def handle(job: Job, args: Echo) -> None:
+        arrived[args.n].set()
+
+    workers = Workers()
+    workers.register(Echo, handle)
+    config = QueueConfig(fetch_poll_interval=60.0, completer_tick=0.01)
+    async with open_queue(database, config, workers=workers) as client:
+        await client.start_generation({"default": 4})
+        for n in range(100):
+            arrived[n] = trio.Event()
+            started = trio.current_time()
+            await client.insert(Echo(n))
+            with trio.fail_after(5):
+                await arrived[n].wait()
+            await trio.sleep_until(started + 0.005)
