@@ -190,7 +190,9 @@ async def test_rate_limits_set_show_and_remove(cli: Cli, conn: Connection) -> No
     assert (row["concurrency_limit"], row["rate_limit"], row["rate_interval"]) == (3, 30, 0.5)
     # What admission reads for a task of the model: its scope, limits and interval.
     scopes = await conn.fetch(QUERIES["scope_limits_for_task"], "m1", None)
-    assert [tuple(r) for r in scopes] == [("model:m1", 3, 30, 0.5)]
+    assert [
+        (r["scope"], r["concurrency_limit"], r["rate_limit"], r["rate_interval"]) for r in scopes
+    ] == [("model:m1", 3, 30, 0.5)]
     models = (await cli("models", "list", "--json")).json()["models"]
     assert [(m["name"], m["rate_limit"], m["rate_interval"]) for m in models] == [("m1", 30, 0.5)]
     table = (await cli("models", "list")).ok()

@@ -219,8 +219,12 @@ async def test_metrics_endpoint_reports_a_run(db_url: str) -> None:
         ids = await eng.submit([request() for _ in range(5)])
         for task_id in ids:
             assert (await eng.wait(task_id, timeout=10)).status is TaskStatus.SUCCEEDED
-        text = await _scrape(eng.metrics_url)
-    assert 'engine_tasks_total{status="succeeded"} 5.0' in text
+        # The counter moves right after the outcome is written (which is what wakes wait()).
+        with trio.fail_after(5):
+            while 'engine_tasks_total{status="succeeded"} 5.0' not in (
+                text := await _scrape(eng.metrics_url)
+            ):
+                await trio.sleep(0.01)
     assert 'engine_async_worker_capacity{kind="current"} 3.0' in text
     assert 'engine_async_worker_resize_total{outcome="success"}' in text
     assert "engine_job_completions_total" in text
