@@ -1,8 +1,9 @@
 """``python -m engine bench tasks``: simulated tasks end to end, against the raw queue.
 
 * ``tasks_per_s``: 10,000 simulated tasks with zero latency, submitted (in batches of 1,000)
-  and then drained by one engine with 600 workers (zero-latency tasks are bound by round
-  trips, not CPU: more of them at once make each batched statement carry more), from its start until the last is final.
+  and then drained by one engine with 600 workers, from its start until the last is final
+  (zero-latency tasks are bound by round trips: more at once make each batched statement
+  carry more).
 * ``submit_per_s``: the submission rate of those batches.
 * ``queue_jobs_per_s`` / ``ratio_to_queue``: the queue's own burn-down in the same run.
 * ``round_trips_per_task``: statements this process sent during the drain, per task.

@@ -268,8 +268,12 @@ class TaskRunner:
             status = await self.store.requeue(task_id, token)
             log.warning(
                 "database error during a run; task requeued",
-                extra={"event": "task_requeued_db_error", "task_id": str(task_id),
-                       "error": str(exc), "status": None if status is None else status.value},
+                extra={
+                    "event": "task_requeued_db_error",
+                    "task_id": str(task_id),
+                    "error": str(exc),
+                    "status": None if status is None else status.value,
+                },
             )
             raise JobSnooze(self.lock_timeout_delay) from exc
         except Exception as exc:  # 11
