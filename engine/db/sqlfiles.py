@@ -2,8 +2,8 @@
 
 ``sql/queries/<table>.sql`` holds named queries, each opening with ``-- name: <entity_verb>``
 followed by a comment line that says what it does and names its ``$n`` parameters. Modules bind
-the queries they use at import (``_CLAIM = QUERIES["job_get_available"]``), so a misspelt name
-fails when engine starts, not at first use.
+the queries they use at import (``_CLAIM = QUERIES["job_get_available_completing"]``), so a
+misspelt name fails when engine starts, not at first use.
 
 In a wheel the folder ships as ``engine/sql``; in a source checkout it is the top-level ``sql/``.
 """

@@ -32,7 +32,9 @@ async def test_claim_query_uses_the_fetching_index_on_100k_rows(conn: Connection
         """
     )
     async with conn.transaction():
-        plan = await _explain(conn, QUERIES["job_get_available"], "default", 10, "c", None)
+        plan = await _explain(
+            conn, QUERIES["job_get_available_completing"], "default", 10, "c", None, []
+        )
     assert "river_job_prioritized_fetching_index" in plan
     assert '"Seq Scan"' not in plan.replace('"Relation Name": "river_queue"', "")
 

@@ -67,7 +67,15 @@ def make_machine(conn: Connection, token: trio.lowlevel.TrioToken) -> type[RuleB
         def claim(self, limit: int) -> None:
             available = self.ids("available")
             due = [i for i in available if self.model[i].due]
-            rows = run(conn.fetch, QUERIES["job_get_available"], "default", limit, "client", None)
+            rows = run(
+                conn.fetch,
+                QUERIES["job_get_available_completing"],
+                "default",
+                limit,
+                "client",
+                None,
+                [],
+            )
             claimed = [r["id"] for r in rows]
             # Jobs due for sure must be claimed; an available job not known to be due (a retry
             # a second away) may or may not be, depending on the clock.

@@ -39,41 +39,12 @@ notified AS (
 )
 SELECT inserted.* FROM inserted, notified;
 
--- name: job_get_available
+-- name: job_get_available_completing
 -- Claim up to $2 available jobs of queue $1 for client $3 in one statement; the rows come back
 -- running with attempt + 1. SKIP LOCKED lets many producers claim at once without waiting on
--- each other; a paused queue yields nothing. $4 now (NULL = now()).
-WITH locked_jobs AS (
-    SELECT id
-    FROM river_job
-    WHERE state = 'available'
-      AND queue = $1
-      AND scheduled_at <= coalesce($4::timestamptz, now())
-      AND NOT EXISTS (
-          SELECT 1 FROM river_queue WHERE name = $1 AND paused_at IS NOT NULL
-      )
-    ORDER BY priority, scheduled_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE river_job
-SET state = 'running',
-    attempt = river_job.attempt + 1,
-    attempted_at = coalesce($4::timestamptz, now()),
-    -- Keep the last 100 clients, as River does, so the array cannot grow without bound.
-    attempted_by = array_append(
-        coalesce(river_job.attempted_by[greatest(cardinality(river_job.attempted_by) - 98, 1):],
-                 '{}'::text[]),
-        $3::text
-    )
-FROM locked_jobs
-WHERE river_job.id = locked_jobs.id
-RETURNING river_job.*;
-
--- name: job_get_available_completing
--- job_get_available that also marks running jobs $5 completed in the same statement: under load
--- the producer carries the completer's plain completions, saving a round trip per batch.
--- $1 queue, $2 limit, $3 client id, $4 now (NULL = now()), $5 ids to complete.
+-- each other; a paused queue yields nothing. The same statement marks running jobs $5
+-- completed: under load the producer carries the completer's plain completions, saving a round
+-- trip per batch. $4 now (NULL = now()).
 WITH completed AS (
     UPDATE river_job
     SET state = 'completed', finalized_at = now()
@@ -96,6 +67,7 @@ UPDATE river_job
 SET state = 'running',
     attempt = river_job.attempt + 1,
     attempted_at = coalesce($4::timestamptz, now()),
+    -- Keep the last 100 clients, as River does, so the array cannot grow without bound.
     attempted_by = array_append(
         coalesce(river_job.attempted_by[greatest(cardinality(river_job.attempted_by) - 98, 1):],
                  '{}'::text[]),
