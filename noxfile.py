@@ -17,7 +17,8 @@ nox.options.reuse_existing_virtualenvs = True
 def tests(session: nox.Session) -> None:
     """Run the test suite against a real PostgreSQL (embedded unless ENGINE_TEST_DATABASE_URL)."""
     session.install("-e", ".[test]")
-    session.run("pytest", *(session.posargs or ["-q"]))
+    # The crash and benchmark scenarios (several engine processes each) run in `nox -s chaos`.
+    session.run("pytest", *(session.posargs or ["-q", "-m", "not chaos and not scenario"]))
 
 
 @nox.session(python=["3.11", "3.12", "3.13"])
@@ -43,9 +44,13 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def chaos(session: nox.Session) -> None:
-    """Crash scenarios against real engine processes (``bench chaos`` at quick sizes), as tests."""
+    """Crash and benchmark scenarios against real engine processes (``bench chaos``, ``resize``
+    and ``load`` at quick sizes), as tests."""
     session.install("-e", ".[test]")
-    session.run("pytest", "-m", "chaos", "engine_tests/chaos", *session.posargs)
+    session.run(
+        "pytest", "-m", "chaos or scenario", "engine_tests/chaos", "engine_tests/bench",
+        *session.posargs,
+    )
 
 
 @nox.session

@@ -110,6 +110,7 @@ def test_simulation_json_round_trips() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 async def test_resize_scenario_quick(pg_admin_url: str, aio_loop: None) -> None:
     results = await run_resize_bench(pg_admin_url, quick=True)
     assert set(RESIZE_TARGETS) <= set(results)
@@ -121,6 +122,7 @@ async def test_resize_scenario_quick(pg_admin_url: str, aio_loop: None) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 async def test_load_scenario_quick(pg_admin_url: str, aio_loop: None) -> None:
     results = await run_load_bench(pg_admin_url, quick=True)
     assert set(LOAD_TARGETS) <= set(results)
