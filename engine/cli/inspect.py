@@ -729,13 +729,7 @@ async def _cmd_models_list(eng: Engine, args: argparse.Namespace) -> int:
 
 
 def _settings(value: Any) -> dict[str, Any]:
-    """A model's stored settings as a mapping; a JSON text (settings written double-encoded,
-    as a jsonb string) is decoded, anything else that is not an object becomes ``{}``."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return {}
+    """A model's stored settings as a mapping (anything that is not an object becomes ``{}``)."""
     return dict(value) if isinstance(value, dict) else {}
 
 

@@ -15,7 +15,6 @@ siblings; leaving the block stops executions (draining, then cancelling after
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -58,6 +57,11 @@ _EVENTS = QUERIES["task_event_list"]
 _COUNTS = QUERIES["task_count_by_status"]
 _MODEL_UPSERT = QUERIES["model_upsert"]
 _GROUP_UPSERT = QUERIES["group_upsert"]
+
+
+def _check_interval(rate_interval: float) -> None:
+    if not 0 < rate_interval < float("inf"):
+        raise ValueError(f"rate_interval must be a positive number of seconds: {rate_interval!r}")
 
 
 class Engine:
@@ -240,17 +244,14 @@ class Engine:
         Raises:
             ValueError: ``rate_interval`` is not a positive number of seconds.
         """
-        if not 0 < rate_interval < float("inf"):
-            raise ValueError(
-                f"rate_interval must be a positive number of seconds: {rate_interval!r}"
-            )
+        _check_interval(rate_interval)
         await self.db.coordination.fetchrow(
             _MODEL_UPSERT,
             name,
             enabled,
             concurrency_limit,
             provider,
-            json.dumps(dict(settings or {})),
+            dict(settings or {}),  # the jsonb codec encodes it
             rate_limit,
             float(rate_interval),
             CATALOG_CHANNEL,
@@ -270,10 +271,7 @@ class Engine:
         Raises:
             ValueError: ``rate_interval`` is not a positive number of seconds.
         """
-        if not 0 < rate_interval < float("inf"):
-            raise ValueError(
-                f"rate_interval must be a positive number of seconds: {rate_interval!r}"
-            )
+        _check_interval(rate_interval)
         await self.db.coordination.fetchrow(
             _GROUP_UPSERT,
             key,
