@@ -10,7 +10,8 @@ the class docstring, so ``raise LeaseUnavailable()`` still says something useful
     │   ├── ConnectionLost          the server went away or could not be reached
     │   ├── LockTimeout             SQLSTATE 55P03, lock_timeout exceeded
     │   ├── UniqueViolation         SQLSTATE 23505; carries constraint_name
-    │   └── QueryCanceled           SQLSTATE 57014, statement_timeout or a cancel request
+    │   ├── QueryCanceled           SQLSTATE 57014, statement_timeout or a cancel request
+    │   └── TransactionConflict     SQLSTATE 40P01/40001: rolled back, safe to run again
     ├── MigrationError              a migration could not be applied
     ├── UnknownQuery                a named SQL query does not exist
     ├── JobError                    queue-level misuse (bad insert options, unknown kind)
@@ -41,6 +42,7 @@ __all__ = [
     "QueryCanceled",
     "TaskError",
     "TaskNotFound",
+    "TransactionConflict",
     "UniqueViolation",
     "UnknownQuery",
 ]
@@ -97,6 +99,11 @@ class QueryCanceled(DatabaseError):
     """A statement was cancelled by statement_timeout or a cancel request (SQLSTATE 57014)."""
 
     sqlstate = "57014"
+
+
+class TransactionConflict(DatabaseError):
+    """The server rolled the statement back to break a deadlock or a serialization conflict
+    (SQLSTATE 40P01 or 40001); nothing was written, and running it again is safe."""
 
 
 class MigrationError(EngineError):

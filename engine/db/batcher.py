@@ -7,7 +7,9 @@ scheduler tick for the others of the same wave, then runs one statement for all 
 each caller its own result.
 
 The statement runs shielded, with a deadline: one caller being cancelled must not cancel the
-write the others are waiting on, and a write that already went out is recorded either way.
+write the others are waiting on, and a write that already went out is recorded either way. A
+batch the server rolled back to break a deadlock (:class:`~engine.errors.TransactionConflict`)
+wrote nothing, so it runs again, a few times, before its callers see the error.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import trio
+
+from engine.errors import TransactionConflict
 
 __all__ = ["Batcher"]
 
@@ -42,10 +46,12 @@ class Batcher(Generic[I, R]):
         *,
         max_batch: int = 1000,
         timeout: float = 10.0,
+        conflict_retries: int = 3,
     ) -> None:
         self._run_batch = run_batch
         self.max_batch = max_batch
         self.timeout = timeout
+        self.conflict_retries = conflict_retries
         self._pending: list[_Slot[I, R]] = []
         self._leading = False
         self.batches = 0
@@ -81,7 +87,7 @@ class Batcher(Generic[I, R]):
         self.items += len(batch)
         try:
             with trio.fail_after(self.timeout):
-                results = await self._run_batch([s.item for s in batch])
+                results = await self._run_with_retry([s.item for s in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"batch returned {len(results)} results for {len(batch)} items")
             for slot, result in zip(batch, results, strict=True):
@@ -92,3 +98,12 @@ class Batcher(Generic[I, R]):
         finally:
             for slot in batch:
                 slot.done.set()
+
+    async def _run_with_retry(self, items: list[I]) -> Sequence[R]:
+        for attempt in range(self.conflict_retries):
+            try:
+                return await self._run_batch(items)
+            except TransactionConflict:
+                # The other side of the deadlock goes on; a short pause lets it commit first.
+                await trio.sleep(0.005 * (attempt + 1))
+        return await self._run_batch(items)

@@ -126,6 +126,10 @@ class Completer:
         if self.backlog < self.config.backpressure_low:
             self._room.set()
 
+    def has_room(self) -> bool:
+        """False while producers must wait (the backlog reached the high-water mark)."""
+        return self._room.is_set()
+
     async def wait_for_room(self) -> None:
         """Wait while the backlog is at the high-water mark (producers call this)."""
         await self._room.wait()

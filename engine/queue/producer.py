@@ -114,7 +114,8 @@ class Producer:
 
     async def _has_room(self) -> bool:
         """True when a claim may go ahead; otherwise arrange to be woken when it may."""
-        await self.completer.wait_for_room()
+        if not self.completer.has_room():
+            await self.completer.wait_for_room()
         if self.running >= self.config.max_workers:
             self._fetch_when_free = True  # job_finished() wakes us
             return False

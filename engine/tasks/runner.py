@@ -65,6 +65,17 @@ class TaskQueued(Exception):
         self.delay = delay
 
 
+class _Run:
+    """One run of the handler: the task it runs, known once the lease claim returns it."""
+
+    __slots__ = ("task", "task_id", "token")
+
+    def __init__(self, task_id: uuid.UUID, token: uuid.UUID) -> None:
+        self.task_id = task_id
+        self.token = token
+        self.task: Task | None = None
+
+
 class _Execution:
     """One running execution: its token and the scope a cancel or a lost lease cancels."""
 
@@ -207,25 +218,22 @@ class TaskRunner:
     # ---- the decision table -----------------------------------------------------------------
 
     async def work(self, job: Job, args: TaskRunArgs) -> None:
-        """Handle one task job (§5.2)."""
+        """Handle one task job (§5.2).
+
+        The lease claim is the first statement and also the read: only when it finds the task
+        not runnable does a second read say why (missing, final, not due, leased elsewhere).
+        """
         task_id = uuid.UUID(args.task_id)
-        task = await self.store.get(task_id)  # 1: an error here is retried
-        if task is None:
-            log.warning(
-                "task job for a missing task; completing it",
-                extra={"event": "task_missing", "task_id": str(task_id), "job_id": job.id},
-            )
-            return
-        if task.is_final:  # 2
-            return
         lease: LoadLease | None = None
         if self.load is not None:
             lease = self.load.try_start()
-            if lease is None:  # 3
-                raise JobSnooze(worker_load_retry_delay(str(task_id)))
-        token = uuid.uuid4()
+            if lease is None:
+                if await self._runnable(task_id, job) is None:  # 1, -, 2
+                    return
+                raise JobSnooze(worker_load_retry_delay(str(task_id)))  # 3
+        run = _Run(task_id, uuid.uuid4())
         try:
-            await self._execute(task, token, lease)  # 4, 5
+            await self._execute(run, job, lease)  # 4, 5
         except LeaseUnavailable:  # 6
             return
         except ManualReview:  # 7
@@ -238,34 +246,36 @@ class TaskRunner:
             raise JobSnooze(queued.delay) from None
         except LockTimeout as exc:  # 10
             status = await self.store.requeue(
-                task_id, token, delay=self.lock_timeout_delay, only_before_submission=True
+                task_id, run.token, delay=self.lock_timeout_delay, only_before_submission=True
             )
             if status is None and await self._still_queued(task_id):
                 # The lock timed out while claiming: the task is untouched and still queued,
                 # which is the outcome #10 wants; only the job has to wait.
                 status = TaskStatus.QUEUED
             if status is TaskStatus.QUEUED:
-                self.emit(
-                    task,
-                    "task.queued",
-                    status="queued",
-                    phase="database_lock_timeout",
-                    progress=0.2,
-                    message="async task queued after database lock timeout",
-                    payload={"code": "database_lock_timeout"},
-                )
+                task = run.task or await self.store.get_now(task_id)
+                if task is not None:
+                    self.emit(
+                        task,
+                        "task.queued",
+                        status="queued",
+                        phase="database_lock_timeout",
+                        progress=0.2,
+                        message="async task queued after database lock timeout",
+                        payload={"code": "database_lock_timeout"},
+                    )
                 log.warning(
                     "task requeued after a database lock timeout",
                     extra={"event": "task_lock_timeout", "task_id": str(task_id)},
                 )
                 raise JobSnooze(self.lock_timeout_delay) from None
-            await self._fail(task, token, exc)  # 10 → 11
+            await self._fail(run, exc)  # 10 → 11
         except ConnectionLost as exc:
             # The database went away under the run (a lost connection, a restart): that says
             # nothing about the task, so it goes back to the queue rather than failing. If the
             # requeue fails too, the error is raised and the job retried; recovery also
             # requeues the task once its lease runs out.
-            status = await self.store.requeue(task_id, token)
+            status = await self.store.requeue(task_id, run.token)
             log.warning(
                 "database error during a run; task requeued",
                 extra={
@@ -276,47 +286,70 @@ class TaskRunner:
                 },
             )
             raise JobSnooze(self.lock_timeout_delay) from exc
-        except Exception as exc:  # 11
-            await self._fail(task, token, exc)
+        except Exception as exc:
+            if run.task is None:
+                raise  # 1: the claim (our read) failed; the job is retried with backoff
+            await self._fail(run, exc)  # 11
         except BaseException:  # 9: a hard stop; requeue so another worker takes it at once
-            status = await self.store.requeue(task_id, token)
-            if status is not None:
+            status = await self.store.requeue(task_id, run.token)
+            if status is not None and run.task is not None:
                 self.emit(
-                    task, "task.requeued", status=status.value, message="interrupted by shutdown"
+                    run.task,
+                    "task.requeued",
+                    status=status.value,
+                    message="interrupted by shutdown",
                 )
             raise
         finally:
             if lease is not None:
                 lease.release()
 
+    async def _runnable(self, task_id: uuid.UUID, job: Job) -> Task | None:
+        """The task if it may still run; None (with a warning if it is gone) if not."""
+        task = await self.store.get(task_id)
+        if task is None:
+            log.warning(
+                "task job for a missing task; completing it",
+                extra={"event": "task_missing", "task_id": str(task_id), "job_id": job.id},
+            )
+            return None
+        return None if task.is_final else task
+
     async def _still_queued(self, task_id: uuid.UUID) -> bool:
         current = await self.store.get_now(task_id)
         return current is not None and current.status is TaskStatus.QUEUED
 
-    async def _fail(self, task: Task, token: uuid.UUID, exc: BaseException) -> None:
+    async def _fail(self, run: _Run, exc: BaseException) -> None:
         log.warning(
             "river async task completed with failure",
-            extra={"event": "task_failed", "task_id": str(task.id), "error": repr(exc)},
+            extra={"event": "task_failed", "task_id": str(run.task_id), "error": repr(exc)},
         )
         error = {"code": "internal_error", "message": str(exc) or type(exc).__name__}
-        if await self.store.finish(task.id, token, TaskStatus.FAILED, error=error):
+        if await self.store.finish(run.task_id, run.token, TaskStatus.FAILED, error=error):
+            self.events.forget_phase(run.task_id)
             if self.on_finished is not None:
                 self.on_finished(TaskStatus.FAILED)
-            self.emit(task, "task.failed", status="failed", message=error["message"], payload=error)
+            if run.task is not None:
+                self.emit(
+                    run.task,
+                    "task.failed",
+                    status="failed",
+                    message=error["message"],
+                    payload=error,
+                )
 
     # ---- one execution ------------------------------------------------------------------------
 
-    async def _execute(self, task: Task, token: uuid.UUID, lease: LoadLease | None) -> None:
-        now = datetime.now(UTC)
-        if task.next_run_at > now:
-            raise TaskQueued((task.next_run_at - now).total_seconds())
-        claimed = await self.store.claim(task.id, token)
+    async def _execute(self, run: _Run, job: Job, lease: LoadLease | None) -> None:
+        token = run.token
+        claimed = await self.store.claim(run.task_id, token)
         if claimed is None:
-            current = await self.store.get_now(task.id)
-            if current is not None and not current.is_final and current.next_run_at > now:
+            current = await self._runnable(run.task_id, job)
+            now = datetime.now(UTC)
+            if current is not None and current.next_run_at > now:
                 raise TaskQueued((current.next_run_at - now).total_seconds())
-            raise LeaseUnavailable()
-        task = claimed
+            raise LeaseUnavailable()  # leased elsewhere, final, missing or being cancelled
+        task = run.task = claimed
         self.emit(
             task,
             "task.started",
@@ -480,6 +513,7 @@ class TaskRunner:
     ) -> None:
         if not await self.store.finish(task.id, token, status, result=result, error=error):
             raise LeaseUnavailable()
+        self.events.forget_phase(task.id)
         if self.on_finished is not None:
             self.on_finished(status)
         self.emit(

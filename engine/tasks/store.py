@@ -209,6 +209,11 @@ class EventWriter:
         """Queue a phase change of a running task (the latest per task wins)."""
         self._phases[task_id] = (token, phase.value, progress)
 
+    def forget_phase(self, task_id: uuid.UUID) -> None:
+        """Drop a phase change not written yet: the task finished, so it would change nothing
+        (the write is fenced) and would only cost a statement and row locks."""
+        self._phases.pop(task_id, None)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Flush until cancelled, then flush what is left."""
         task_status.started()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from engine.db.bridge import Connection, create_pool
+from engine.db.bridge import Connection, connect, create_pool
 from engine.db.database import Database
-from engine.errors import DatabaseError, LockTimeout, UniqueViolation
+from engine.errors import DatabaseError, LockTimeout, TransactionConflict, UniqueViolation
 
 
 async def test_query_round_trip_and_json_codec(conn: Connection) -> None:
@@ -80,3 +80,36 @@ async def test_cancelling_many_borrowers_leaks_nothing(database: Database) -> No
             for _ in range(20):
                 nursery.start_soon(borrow)
     assert pool.in_use() == 0
+
+
+async def test_a_real_deadlock_is_a_transaction_conflict(db_url: str) -> None:
+    a, b = await connect(db_url), await connect(db_url)
+    try:
+        await a.execute("CREATE TABLE dl (id int PRIMARY KEY, n int)")
+        await a.execute("INSERT INTO dl VALUES (1, 0), (2, 0)")
+        both_hold_one = trio.Event()
+        held = 0
+        errors: list[BaseException] = []
+
+        async def cross(conn: Connection, first: int, second: int) -> None:
+            nonlocal held
+            try:
+                async with conn.transaction():
+                    await conn.execute("UPDATE dl SET n = n + 1 WHERE id = $1", first)
+                    held += 1
+                    if held == 2:
+                        both_hold_one.set()
+                    await both_hold_one.wait()
+                    await conn.execute("UPDATE dl SET n = n + 1 WHERE id = $1", second)
+            except TransactionConflict as exc:
+                errors.append(exc)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cross, a, 1, 2)
+                nursery.start_soon(cross, b, 2, 1)
+        assert len(errors) == 1  # the server broke the cycle by rolling back one side
+        assert "deadlock" in str(errors[0])
+    finally:
+        await a.close()
+        await b.close()

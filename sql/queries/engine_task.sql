@@ -1,5 +1,10 @@
 -- Table engine_task: tasks and their execution leases. Every write to a running task is fenced
 -- by its execution token, so a stale executor can never overwrite a newer one (§6.11).
+--
+-- Batched writes lock their rows in id order first (the `locked` CTE): concurrent batches over
+-- the same tasks (a lease renewal and a finish) would otherwise lock them in plan order and
+-- could deadlock. `id = ANY($1)` keeps both scans on the primary key however large the table
+-- grows (a join with unnest alone lets the planner choose a sequential scan).
 
 -- name: task_insert_many
 -- Store new tasks and their first event (task.queued) in one statement. $1 id[], $2 model[],
@@ -59,6 +64,10 @@ SELECT status, count(*) AS n FROM engine_task GROUP BY status;
 -- Claim execution leases with fresh tokens: only a queued or running task that is due, not
 -- being cancelled, and whose lease is free or expired. $1 id[], $2 token[], $3 owner instance,
 -- $4 lease TTL seconds. Returns the claimed rows, each now running in phase preparing.
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
 UPDATE engine_task t
 SET status = 'running',
     phase = 'preparing',
@@ -69,8 +78,8 @@ SET status = 'running',
     attempts = t.attempts + 1,
     started_at = coalesce(t.started_at, now()),
     updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
-WHERE t.id = i.id
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
+WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
   AND t.status IN ('queued', 'running')
   AND t.next_run_at <= now()
   AND t.cancel_requested_at IS NULL
@@ -80,29 +89,44 @@ RETURNING t.*;
 -- name: task_lease_renew_many
 -- Extend leases still held. $1 id[], $2 token[], $3 TTL seconds. Returns the ids renewed and
 -- whether a cancel was requested; a missing id means the lease was lost.
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
 UPDATE engine_task t
 SET lease_expires_at = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
-WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
+WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+  AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: task_mark_submitting_many
 -- Record that the upstream call is about to be made (before it is made). $1 id[], $2 token[].
 -- Returns the ids still held.
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
 UPDATE engine_task t
 SET submitted_at = now(), phase = 'waiting_upstream', progress = 0.3, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
-WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
+WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+  AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id;
 
 -- name: task_record_upstream_many
 -- Record the upstream reference the provider returned; the task's rate tokens are spent for
 -- good now. $1 id[], $2 token[], $3 ref[]. Returns the ids still held.
-WITH recorded AS (
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+),
+recorded AS (
     UPDATE engine_task t
     SET upstream_ref = i.ref, progress = 0.4, updated_at = now()
-    FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref)
-    WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref), locked l
+    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+      AND t.execution_token = i.token AND t.status = 'running'
     RETURNING t.id
 ),
 spent AS (
@@ -113,10 +137,16 @@ SELECT id FROM recorded;
 -- name: task_set_phase_many
 -- Record phase and progress of running tasks (informational). $1 id[], $2 token[], $3 phase[],
 -- $4 progress[].
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
 UPDATE engine_task t
 SET phase = i.phase, progress = i.progress, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[]) AS i(id, token, phase, progress)
-WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[]) AS i(id, token, phase, progress),
+     locked l
+WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+  AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id;
 
 -- name: task_finish_many
@@ -124,7 +154,11 @@ RETURNING t.id;
 -- $1 id[], $2 token[], $3 status[] (succeeded, failed, cancelled, manual_review), $4 result
 -- JSON text[], $5 error JSON text[]. Returns the ids changed; a missing id means another
 -- execution owns the task now.
-WITH finished AS (
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+),
+finished AS (
     UPDATE engine_task t
     SET status = i.status,
         phase = NULL,
@@ -136,8 +170,9 @@ WITH finished AS (
         finished_at = now(),
         updated_at = now()
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[])
-         AS i(id, token, status, result, error)
-    WHERE t.id = i.id AND t.execution_token = i.token AND t.status = 'running'
+         AS i(id, token, status, result, error), locked l
+    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+      AND t.execution_token = i.token AND t.status = 'running'
     RETURNING t.id
 ),
 released AS (
@@ -164,7 +199,11 @@ LEFT JOIN (SELECT count(pg_notify('engine_admission', '')) AS n
 -- slots and unspent rate tokens are given back.
 -- $1 id[], $2 token[], $3 delay seconds[], $4 only_before_submission[] (the lock-timeout path:
 -- requeue only if nothing was sent upstream). Returns id and the status now.
-WITH requeued AS (
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+),
+requeued AS (
     UPDATE engine_task t
     SET status = CASE
             WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
@@ -180,8 +219,8 @@ WITH requeued AS (
         next_run_at = now() + make_interval(secs => i.delay),
         updated_at = now()
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[], $4::boolean[])
-         AS i(id, token, delay, only_before)
-    WHERE t.id = i.id
+         AS i(id, token, delay, only_before), locked l
+    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
       AND t.execution_token = i.token
       AND t.status = 'running'
       AND (NOT i.only_before OR t.submitted_at IS NULL)
@@ -233,10 +272,15 @@ SELECT requested.*, pg_notify($2, requested.id::text) IS NOT NULL AS notified FR
 
 -- name: task_set_job_many
 -- Point tasks at their live job (after an enqueue found or made one). $1 id[], $2 job id[].
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
 UPDATE engine_task t
 SET river_job_id = i.job_id, updated_at = now()
-FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id)
-WHERE t.id = i.id AND t.river_job_id IS DISTINCT FROM i.job_id;
+FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id), locked l
+WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+  AND t.river_job_id IS DISTINCT FROM i.job_id;
 
 -- name: task_recover_interrupted_many
 -- Running tasks whose execution is gone: the lease expired, or the owner is one of $1 (owners

@@ -1,0 +1,108 @@
+"""Batched task writes: they keep to the primary key on a large table and never deadlock."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import trio
+
+from engine.db.bridge import Connection
+from engine.db.database import Database
+from engine.db.sqlfiles import QUERIES
+
+#: Every batched write on engine_task, with arguments for ids ``$1`` and tokens ``$2``.
+_BATCHED: dict[str, tuple[object, ...]] = {
+    "task_lease_claim_many": ("owner", 30.0),
+    "task_lease_renew_many": (30.0,),
+    "task_mark_submitting_many": (),
+    "task_record_upstream_many": ("refs",),
+    "task_set_phase_many": ("phases", "progress"),
+    "task_finish_many": ("statuses", "results", "errors"),
+    "task_requeue_many": ("delays", "only_before"),
+}
+
+
+def _args(name: str, ids: list[uuid.UUID]) -> list[object]:
+    n = len(ids)
+    filler = {
+        "refs": ["ref"] * n,
+        "phases": ["finalizing"] * n,
+        "progress": [0.9] * n,
+        "statuses": ["succeeded"] * n,
+        "results": [None] * n,
+        "errors": [None] * n,
+        "delays": [0.0] * n,
+        "only_before": [False] * n,
+    }
+    return [ids, ids, *(filler.get(str(a), a) for a in _BATCHED[name])]
+
+
+async def _running_tasks(conn: Connection, count: int) -> list[uuid.UUID]:
+    """``count`` running tasks whose token equals their id."""
+    rows = await conn.fetch(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 phase, execution_token, execution_owner, lease_expires_at,
+                                 started_at)
+        SELECT g, 'm', 't', 'u', 'simulation', '{}', 'running', 'preparing', g, 'owner',
+               now() + interval '1 hour', now()
+        FROM (SELECT gen_random_uuid() AS g FROM generate_series(1, $1)) s
+        RETURNING id
+        """,
+        count,
+    )
+    return [r["id"] for r in rows]
+
+
+@pytest.mark.parametrize("name", sorted(_BATCHED))
+async def test_batched_task_writes_use_the_primary_key_on_100k_rows(
+    conn: Connection, name: str
+) -> None:
+    await conn.execute(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 finished_at)
+        SELECT gen_random_uuid(), 'm', 't', 'u', 'simulation', '{}', 'succeeded', now()
+        FROM generate_series(1, 100000);
+        ANALYZE engine_task;
+        """
+    )
+    ids = await _running_tasks(conn, 300)
+    async with conn.transaction():
+        rows = await conn.fetch("EXPLAIN (FORMAT JSON) " + QUERIES[name], *_args(name, ids))
+    plan = json.dumps(rows[0][0])
+    assert "engine_task_pkey" in plan
+    assert '"Seq Scan"' not in plan
+
+
+async def test_concurrent_batches_over_the_same_tasks_never_deadlock(database: Database) -> None:
+    # A lease renewal and a phase change (or a finish) cover the same running tasks at once;
+    # without locking in one order, the two statements can each wait on the other's rows.
+    async with database.tasks.acquire() as conn:
+        ids = await _running_tasks(conn, 400)
+    rounds = 15
+
+    async def renewals() -> None:
+        for _ in range(rounds):
+            await database.tasks.fetch(QUERIES["task_lease_renew_many"], ids, ids, 30.0)
+
+    async def phases() -> None:
+        backwards = list(reversed(ids))
+        for _ in range(rounds):
+            await database.tasks.fetch(
+                QUERIES["task_set_phase_many"],
+                backwards,
+                backwards,
+                ["finalizing"] * len(ids),
+                [0.9] * len(ids),
+            )
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(renewals)
+                nursery.start_soon(phases)
+    renewed = await database.tasks.fetch(QUERIES["task_lease_renew_many"], ids, ids, 30.0)
+    assert len(renewed) == len(ids)
