@@ -37,7 +37,7 @@ from engine.db.sqlfiles import QUERIES
 from engine.queue.completer import Completer, CompleterConfig
 from engine.queue.elector import Elector, ElectorConfig
 from engine.queue.generation import Generation, GenerationConfig
-from engine.queue.insert import InsertParams, NotifyLimiter, insert, insert_many, insert_tx, prepare
+from engine.queue.insert import InsertNotify, InsertParams, insert, insert_many, insert_tx, prepare
 from engine.queue.job import InsertOpts, InsertResult, Job
 from engine.queue.maintenance import CleanerConfig, JobCleaner, JobScheduler, SchedulerConfig
 from engine.queue.notifier import Channels, Notifier
@@ -90,7 +90,7 @@ class QueueClient:
         self.notifier = notifier
         self.completer = completer
         self.slots = slots
-        self.limiter = NotifyLimiter(channels.insert, config.fetch_cooldown)
+        self.insert_notify = InsertNotify(channels.insert)
         self.cancel_scopes: dict[int, trio.CancelScope] = {}
         self.generations: list[Generation] = []
         self.elector: Elector | None = None
@@ -108,7 +108,7 @@ class QueueClient:
         ``args`` is an attrs instance whose class names its ``kind``, or a mapping with
         ``kind=`` given.
         """
-        return await insert(self.db.queue, prepare(args, opts, kind=kind), self.limiter)
+        return await insert(self.db.queue, prepare(args, opts, kind=kind), self.insert_notify)
 
     async def insert_tx(
         self,
@@ -120,7 +120,7 @@ class QueueClient:
     ) -> InsertResult:
         """Insert inside the caller's transaction on ``conn``: visible at commit, gone on
         rollback."""
-        (result,) = await insert_tx(conn, [prepare(args, opts, kind=kind)], self.limiter)
+        (result,) = await insert_tx(conn, [prepare(args, opts, kind=kind)], self.insert_notify)
         return result
 
     async def insert_many(
@@ -133,7 +133,7 @@ class QueueClient:
                 params.append(prepare(item[0], item[1]))
             else:
                 params.append(prepare(item))
-        return await insert_many(self.db.queue, params, self.limiter)
+        return await insert_many(self.db.queue, params, self.insert_notify)
 
     # ---- reading and control ---------------------------------------------------------------
 

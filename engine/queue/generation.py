@@ -78,6 +78,10 @@ class Generation:
         self._fetch_scope: trio.CancelScope | None = None
         self._work_scope: trio.CancelScope | None = None
         self._pending_stop: tuple[bool, str] | None = None
+        #: Set once no producer of this generation fetches any more (claims in flight at the
+        #: stop have returned and their jobs started).
+        self.fetching_stopped = trio.Event()
+        #: Set once the generation has ended: fetching stopped and every job recorded.
         self.stopped = trio.Event()
 
     @property
@@ -135,9 +139,11 @@ class Generation:
                     if self._pending_stop is not None:
                         hard, reason = self._pending_stop
                         (self.stop_and_cancel if hard else self.stop)(reason)
+                self.fetching_stopped.set()
         finally:
             with trio.CancelScope(shield=True):
                 await sender.aclose()
+            self.fetching_stopped.set()
             self.stopped.set()
             log.info(
                 "generation stopped",

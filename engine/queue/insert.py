@@ -2,9 +2,13 @@
 
 Every insert goes through ``job_insert_many`` (an ``unnest`` INSERT ... ON CONFLICT on the
 partial unique index), so bulk inserts keep River's uniqueness and a duplicate returns the live
-job flagged ``skipped``. The NOTIFY that wakes producers rides in the same statement, and is sent
-only when an inserted job is available, at most once per queue per ``notify_cooldown`` per
-process (River's ``notifylimiter``).
+job flagged ``skipped``. The NOTIFY that wakes producers rides in the same statement (so it is
+delivered at commit, or never on rollback), once per queue per statement, whenever an inserted
+job is available. Unlike River's ``notifylimiter`` there is no rate limit on the insert side: a
+NOTIFY held back there leaves the job waiting for a poll whenever the insert commits after the
+producers' last fetch, and nothing could send it later (the caller's transaction may still be
+open). Bursts are absorbed on the receiving side instead: a producer's wake-ups coalesce, and it
+fetches at most once per ``fetch_cooldown``.
 
 Jobs are invisible until the caller's transaction commits and vanish on rollback, because the
 insert runs on whatever connection it is given (:func:`insert_tx`).
@@ -13,7 +17,6 @@ insert runs on whatever connection it is given (:func:`insert_tx`).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +36,7 @@ from engine.queue.job import (
 from engine.queue.states import JobState
 from engine.queue.unique import unique_key
 
-__all__ = ["InsertParams", "NotifyLimiter", "insert", "insert_many", "insert_tx", "prepare"]
+__all__ = ["InsertNotify", "InsertParams", "insert", "insert_many", "insert_tx", "prepare"]
 
 _INSERT_MANY = QUERIES["job_insert_many"]
 #: Rows per statement: large enough to amortise the round trip, small enough to stay well under
@@ -103,24 +106,15 @@ def prepare(args: Any, opts: InsertOpts | None = None, *, kind: str | None = Non
     )
 
 
-class NotifyLimiter:
-    """At most one insert NOTIFY per queue per ``cooldown`` seconds in this process."""
+class InsertNotify:
+    """Where inserts announce available jobs: one payload per queue of each statement."""
 
-    def __init__(self, channel: str, cooldown: float) -> None:
+    def __init__(self, channel: str) -> None:
         self.channel = channel
-        self.cooldown = cooldown
-        self._last: dict[str, float] = {}
 
     def payloads(self, queues: Iterable[str]) -> list[str]:
-        """The NOTIFY payloads to send now for inserts into ``queues``; records them as sent."""
-        now = time.monotonic()
-        out = []
-        for queue in dict.fromkeys(queues):
-            last = self._last.get(queue)
-            if last is None or now - last >= self.cooldown:
-                self._last[queue] = now
-                out.append(json.dumps({"queue": queue}, separators=(",", ":")))
-        return out
+        """The NOTIFY payloads for inserts into ``queues``, one per distinct queue."""
+        return [json.dumps({"queue": q}, separators=(",", ":")) for q in dict.fromkeys(queues)]
 
 
 def _dumps(value: Any) -> str:
@@ -128,7 +122,7 @@ def _dumps(value: Any) -> str:
 
 
 async def _insert_chunk(
-    conn: Connection, chunk: Sequence[InsertParams], limiter: NotifyLimiter | None
+    conn: Connection, chunk: Sequence[InsertParams], notify: InsertNotify | None
 ) -> list[InsertResult]:
     # Two rows with one live unique key in one statement would make ON CONFLICT touch a row
     # twice (an error); send the first and answer the rest with its result, flagged skipped.
@@ -144,7 +138,7 @@ async def _insert_chunk(
         slot.append((len(send), False))
         send.append(p)
     available = [p.queue for p in send if p.state is JobState.AVAILABLE]
-    payloads = limiter.payloads(available) if limiter is not None and available else []
+    payloads = notify.payloads(available) if notify is not None and available else []
     rows = await conn.fetch(
         _INSERT_MANY,
         [p.kind for p in send],
@@ -158,7 +152,7 @@ async def _insert_chunk(
         [_dumps(dict(p.metadata)) for p in send],
         [p.unique_key for p in send],
         [p.unique_states for p in send],
-        limiter.channel if limiter is not None else "",
+        notify.channel if notify is not None else "",
         payloads,
     )
     # RETURNING yields rows in the order INSERT ... SELECT ... ORDER BY produced them.
@@ -169,7 +163,7 @@ async def _insert_chunk(
 async def insert_tx(
     conn: Connection,
     params: Sequence[InsertParams],
-    limiter: NotifyLimiter | None = None,
+    notify: InsertNotify | None = None,
 ) -> list[InsertResult]:
     """Insert on ``conn``, inside whatever transaction the caller holds.
 
@@ -177,25 +171,25 @@ async def insert_tx(
     """
     out: list[InsertResult] = []
     for start in range(0, len(params), CHUNK):
-        out.extend(await _insert_chunk(conn, params[start : start + CHUNK], limiter))
+        out.extend(await _insert_chunk(conn, params[start : start + CHUNK], notify))
     return out
 
 
 async def insert_many(
-    pool: Pool, params: Sequence[InsertParams], limiter: NotifyLimiter | None = None
+    pool: Pool, params: Sequence[InsertParams], notify: InsertNotify | None = None
 ) -> list[InsertResult]:
     """Insert many jobs in one transaction (one statement per :data:`CHUNK` rows)."""
     if len(params) <= CHUNK:
         async with pool.acquire() as conn:
-            return await _insert_chunk(conn, params, limiter)
+            return await _insert_chunk(conn, params, notify)
     async with pool.transaction() as conn:
-        return await insert_tx(conn, params, limiter)
+        return await insert_tx(conn, params, notify)
 
 
 async def insert(
-    pool: Pool, params: InsertParams, limiter: NotifyLimiter | None = None
+    pool: Pool, params: InsertParams, notify: InsertNotify | None = None
 ) -> InsertResult:
     """Insert one job in its own (implicit) transaction: one round trip."""
     async with pool.acquire() as conn:
-        (result,) = await _insert_chunk(conn, [params], limiter)
+        (result,) = await _insert_chunk(conn, [params], notify)
     return result

@@ -4,9 +4,15 @@ It never claims more than its free slots (``max_workers`` minus running, and the
 :class:`~engine.queue.slots.SlotPool`), all in one statement (``FOR UPDATE SKIP LOCKED``).
 It fetches when woken by an insert NOTIFY, by a poll timer with jitter (the fallback when
 notifications are lost, e.g. behind PgBouncer), and when slots free up after a fetch came back
-full or was skipped for lack of room. Fetches are at least ``cooldown`` apart; after a fetch that
-found jobs it fetches once more after the cooldown, catching inserts whose NOTIFY the insert
-side's rate limiter held back.
+full or was skipped for lack of room. Fetches that found the queue drained are at least
+``cooldown`` apart. A wake-up is never lost: one that arrives during a claim or a cooldown is kept
+(:class:`~engine.queue.notifier.Wakeup`) and served by the next fetch, and every insert of an
+available job notifies (:mod:`engine.queue.insert`).
+
+After a fetch that found jobs, a loop fetches once more one cooldown later. Nothing depends on it
+for correctness; it is there for latency: with it the queue benchmark's pickup latency is p50
+~2.2 ms, without it ~2.9 ms (a steady trickle of jobs finds the claim connection and its server
+process warm).
 
 The claim runs shielded with a deadline: a claim the server committed but we never read would
 leave jobs running with no one working them.
@@ -144,9 +150,8 @@ class Producer:
                 backoff = min(backoff * 2, 2.0)
 
     async def _serve(self, conn: Connection, leader: bool) -> None:
-        """One claim loop; only the ``leader`` loop polls. Any loop whose claim found jobs
-        fetches once more after the cooldown, for inserts whose NOTIFY the insert side held
-        back (at most one per queue per cooldown)."""
+        """One claim loop; only the ``leader`` loop polls; after a claim that found jobs it
+        fetches once more one cooldown later (see the module docstring)."""
         rng = random.Random()
         next_poll = trio.current_time() if leader else math.inf
         last_fetch = -1e9

@@ -198,12 +198,12 @@ async def run_service(
                 config,
                 eng.db,
                 eng.instance_id,
-                eng.queue.limiter,
+                eng.queue.insert_notify,
                 client_mode=not worker,
                 on_report=lambda r: _count_recovery(metrics, r),
             )
             await root.start(supervise, "recovery", rescuer.run)
-            dispatcher = Dispatcher(config, eng.db, eng.queue.limiter)
+            dispatcher = Dispatcher(config, eng.db, eng.queue.insert_notify)
             await root.start(supervise, "admission", dispatcher.run)
             if worker:
                 refresher = CapacityRefresher(

@@ -83,6 +83,31 @@ async def test_existing_river_schema_is_used_as_is(empty_url: str) -> None:
         await conn.close()
 
 
+async def test_rivers_own_indexes_are_left_alone(empty_url: str) -> None:
+    conn = await connect(empty_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz);"
+            "INSERT INTO river_migration VALUES ('main', 6, now());"
+            "CREATE TABLE river_job (id bigserial PRIMARY KEY, kind text NOT NULL);"
+            "CREATE INDEX river_job_kind ON river_job (kind)"
+        )
+        await migrate(conn)
+        assert await conn.fetchval("SELECT to_regclass('river_job_kind') IS NOT NULL")
+    finally:
+        await conn.close()
+
+
+async def test_the_schema_engine_creates_has_no_kind_index(empty_url: str) -> None:
+    conn = await connect(empty_url)
+    try:
+        await migrate(conn)
+        assert await conn.fetchval("SELECT to_regclass('river_job_kind') IS NULL")
+        assert await conn.fetchval("SELECT to_regclass('river_job_pkey') IS NOT NULL")
+    finally:
+        await conn.close()
+
+
 async def test_old_river_schema_is_refused_with_a_clear_error(empty_url: str) -> None:
     conn = await connect(empty_url)
     try:

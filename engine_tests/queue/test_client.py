@@ -181,7 +181,10 @@ async def test_stop_drains_and_stop_and_cancel_requeues(
     with trio.fail_after(5):
         await recorder.started.setdefault(result.job.id, trio.Event()).wait()
     gen.stop("drain")
-    # Draining: the job keeps running, nothing new is fetched.
+    # A claim already in flight when stop() is called still returns and its jobs run; once it
+    # has, nothing new is fetched while the running job drains.
+    with trio.fail_after(5):
+        await gen.fetching_stopped.wait()
     late = await client.insert(Echo(2))
     assert (await client.get(result.job.id)).state is JobState.RUNNING  # type: ignore[union-attr]
     recorder.release.set()
