@@ -327,14 +327,16 @@ class DatabaseConfig:
     )
     connect_attempts: int = _setting(
         3,
-        "How many times to try to reach the database at start before giving up, after the "
-        "reference's startup retry (3 attempts, reference-semantics §2).",
+        "How many times to try to reach an unreachable database server when opening the pools "
+        "before giving up (every command that connects; the service does this once per "
+        "`worker.startup_attempts` attempt), after the reference's startup retry (3 attempts, "
+        "reference-semantics §2).",
         _integer(1),
     )
     connect_retry_delay: float = _setting(
         2.0,
-        "Seconds to wait between two connection attempts at start (reference: 2 s between "
-        "startup attempts, reference-semantics §2).",
+        "Seconds to wait between two attempts to reach the database server (reference: 2 s "
+        "between startup attempts, reference-semantics §2).",
         _number(ge=0),
     )
     migrate_on_start: bool = _setting(
@@ -442,8 +444,11 @@ class QueueConfig:
     )
     job_timeout: float | None = _setting(
         None,
-        "Deadline of one job run, in seconds; unset means no deadline, as the reference's "
-        "`JobTimeout` -1 (reference-semantics §2, §4.3).",
+        "Deadline of one job run, in seconds, for job kinds registered without a timeout of "
+        "their own, task runs included; unset means no deadline, as the reference's "
+        "`JobTimeout` -1 (reference-semantics §2, §4.3). A run past it is cancelled and counts "
+        "as a failed attempt, retried with backoff; a cancelled task run is requeued first and "
+        "resumes on the retry.",
         _number(gt=0, optional=True),
     )
     completed_retention: float = _setting(
@@ -502,9 +507,10 @@ class QueueConfig:
     )
     default_max_attempts: int = _setting(
         25,
-        "Attempts allowed to a job inserted without its own limit (River default, "
-        "reference-semantics §2).",
-        _integer(1),
+        "Attempts allowed to a job inserted through the queue client without its own "
+        "`max_attempts` (River default, reference-semantics §2). Task jobs always get "
+        "`insert_max_attempts`.",
+        _integer(1, 32767),
     )
 
     def __attrs_post_init__(self) -> None:
@@ -566,19 +572,23 @@ class WorkerConfig:
     )
     enqueue_rollback_timeout: float = _setting(
         5.0,
-        "Timeout in seconds for rolling back a failed enqueue transaction, on a fresh deadline "
-        "(reference: 5 s, reference-semantics §2, §5.6).",
+        "Seconds a failed enqueue transaction (submit, recovery re-enqueue, admission, "
+        "`tasks retry`) gets to roll back, shielded from the cancellation that may have caused "
+        "the failure; past it the connection is dropped, which also ends the transaction "
+        "(reference: 5 s on a fresh context, reference-semantics §2, §5.6).",
         _number(gt=0),
     )
     startup_attempts: int = _setting(
         3,
-        "Attempts to start the queue before the process exits (reference: 3, "
-        "reference-semantics §2, §10).",
+        "Attempts of the whole service start (connecting, migrations, registration, the first "
+        "recovery round, the first generation) before the process exits with the last error "
+        "(reference: 3, reference-semantics §2, §5.3, §10).",
         _integer(1),
     )
     startup_retry_delay: float = _setting(
         2.0,
-        "Seconds between two start attempts (reference: 2 s, reference-semantics §2).",
+        "Seconds between two attempts of the service start (reference: 2 s, "
+        "reference-semantics §2, §5.3).",
         _number(ge=0),
     )
     lock_timeout_requeue_delay: float = _setting(

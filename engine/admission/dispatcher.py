@@ -89,7 +89,8 @@ class Dispatcher:
             if not preview:
                 return DispatchReport()
             limits = await _limits(self.db.coordination, {s for r in preview for s in r["scopes"]})
-        async with self.db.tasks.transaction() as conn:
+        rollback_timeout = self.config.worker.enqueue_rollback_timeout
+        async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
             await conn.execute(_LOCK_DISPATCH)
             waiting = await conn.fetch(_WAITING, self.batch)
             if not waiting:

@@ -597,7 +597,8 @@ async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
         TaskError: the task is not in a retryable status, or its previous job still runs.
     """
     queue = eng.config.queue
-    async with eng.db.tasks.transaction() as conn:
+    rollback_timeout = eng.config.worker.enqueue_rollback_timeout
+    async with eng.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
         row = await conn.fetchrow(_TASK_RETRY, task_id, eng.instance_id)
         if row is None:
             current = await conn.fetchrow(_TASK_GET, task_id)

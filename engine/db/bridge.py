@@ -212,23 +212,30 @@ class Connection:
         return int(self.raw.get_server_pid())
 
     @asynccontextmanager
-    async def transaction(self, isolation: str | None = None) -> AsyncIterator[Connection]:
+    async def transaction(
+        self, isolation: str | None = None, *, rollback_timeout: float = RELEASE_TIMEOUT
+    ) -> AsyncIterator[Connection]:
         """Run the block in a transaction: commit on success, roll back on any exception.
 
         Commit and rollback run shielded with a deadline: a cancellation arriving while we record
         what already happened must not leave the outcome unknown, and a dead server must not hang
-        shutdown.
+        shutdown. The rollback gets ``rollback_timeout`` seconds (the reference gives a failed
+        enqueue's rollback a fresh 5 s, §5.6); if it does not finish in time the connection is
+        terminated, which ends the transaction on the server too, so it never goes back to a
+        pool with the transaction still open.
         """
         tx = self.raw.transaction(isolation=isolation)
         await call(tx.start)
         try:
             yield self
         except BaseException:
-            with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
+            with trio.move_on_after(rollback_timeout, shield=True) as scope:
                 try:
                     await call(tx.rollback)
                 except DatabaseError:
                     pass  # the original error is the one worth raising
+            if scope.cancelled_caught:
+                self.raw.terminate()
             raise
         with trio.CancelScope(shield=True):
             with trio.move_on_after(RELEASE_TIMEOUT) as scope:
@@ -243,6 +250,14 @@ class Connection:
                 await call(self.raw.close)
             except DatabaseError:
                 self.raw.terminate()
+
+
+def _terminate(raw: Any) -> None:
+    """Close a pooled connection at once, unless asyncpg already took it back."""
+    try:
+        raw.terminate()
+    except asyncpg.exceptions.InterfaceError:
+        pass  # released (and terminated if need be) by asyncpg meanwhile
 
 
 class Pool:
@@ -261,18 +276,28 @@ class Pool:
         try:
             yield Connection(raw)
         finally:
-            with trio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
+            # asyncpg bounds its own release too: a connection whose statement was cancelled
+            # waits there for the cancellation to finish (inside asyncio.shield, so our deadline
+            # cannot cut it short), and without a timeout that wait has no end. When it runs
+            # out, or the release fails, asyncpg terminates the connection itself.
+            with trio.move_on_after(RELEASE_TIMEOUT + 1.0, shield=True) as scope:
                 try:
-                    await call(self.raw.release, raw)
+                    await call(self.raw.release, raw, timeout=RELEASE_TIMEOUT)
                 except DatabaseError:
-                    raw.terminate()
+                    pass
             if scope.cancelled_caught:
-                raw.terminate()
+                _terminate(raw)
 
     @asynccontextmanager
-    async def transaction(self, isolation: str | None = None) -> AsyncIterator[Connection]:
-        """Borrow a connection and run the block in one transaction on it."""
-        async with self.acquire() as conn, conn.transaction(isolation) as tx:
+    async def transaction(
+        self, isolation: str | None = None, *, rollback_timeout: float = RELEASE_TIMEOUT
+    ) -> AsyncIterator[Connection]:
+        """Borrow a connection and run the block in one transaction on it (see
+        :meth:`Connection.transaction` for ``rollback_timeout``)."""
+        async with (
+            self.acquire() as conn,
+            conn.transaction(isolation, rollback_timeout=rollback_timeout) as tx,
+        ):
             yield tx
 
     async def execute(self, query: str, *args: Any) -> str:

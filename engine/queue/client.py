@@ -106,9 +106,10 @@ class QueueClient:
         """Insert one job; a live duplicate under ``opts.unique`` comes back ``skipped``.
 
         ``args`` is an attrs instance whose class names its ``kind``, or a mapping with
-        ``kind=`` given.
+        ``kind=`` given. Without ``opts.max_attempts`` the job gets
+        ``queue.default_max_attempts``.
         """
-        return await insert(self.db.queue, prepare(args, opts, kind=kind), self.insert_notify)
+        return await insert(self.db.queue, self._prepare(args, opts, kind), self.insert_notify)
 
     async def insert_tx(
         self,
@@ -120,7 +121,7 @@ class QueueClient:
     ) -> InsertResult:
         """Insert inside the caller's transaction on ``conn``: visible at commit, gone on
         rollback."""
-        (result,) = await insert_tx(conn, [prepare(args, opts, kind=kind)], self.insert_notify)
+        (result,) = await insert_tx(conn, [self._prepare(args, opts, kind)], self.insert_notify)
         return result
 
     async def insert_many(
@@ -130,10 +131,15 @@ class QueueClient:
         params: list[InsertParams] = []
         for item in items:
             if isinstance(item, tuple):
-                params.append(prepare(item[0], item[1]))
+                params.append(self._prepare(item[0], item[1]))
             else:
-                params.append(prepare(item))
+                params.append(self._prepare(item))
         return await insert_many(self.db.queue, params, self.insert_notify)
+
+    def _prepare(
+        self, args: Any, opts: InsertOpts | None = None, kind: str | None = None
+    ) -> InsertParams:
+        return prepare(args, opts, kind=kind, default_max_attempts=self.config.default_max_attempts)
 
     # ---- reading and control ---------------------------------------------------------------
 
@@ -215,6 +221,7 @@ class QueueClient:
                 cooldown=self.config.fetch_cooldown,
                 poll_interval=self.config.fetch_poll_interval,
                 claim_timeout=self.config.hot_operation_timeout,
+                job_timeout=self.config.job_timeout,
             ),
             pool=self.db.queue,
             workers=self.workers,

@@ -10,6 +10,7 @@
 | cancelled by this job's remote cancel | cancelled                                               |
 | cancelled by a hard stop            | available at once, attempt restored, no error (River #1290)|
 | unknown kind / args that don't fit  | discarded / error, with a message saying which             |
+| runs past its timeout               | error (retried or discarded as above), "job timed out"    |
 
 Every outcome, the hard stop included, is handed to the completer with ``send_nowait`` on an
 unbounded channel, so recording it can neither block nor be cancelled; the completer's write is
@@ -91,11 +92,15 @@ async def execute(
     workers: Workers,
     record: Callable[[Completion], None],
     cancel_scopes: dict[int, trio.CancelScope],
+    *,
+    default_timeout: float | None = None,
 ) -> None:
     """Run ``job``'s handler and ``record`` its completion; see the module table.
 
     ``cancel_scopes`` maps running job ids to their scopes, so a remote cancel can reach this
-    job. A hard stop's ``trio.Cancelled`` is recorded and then re-raised.
+    job. A hard stop's ``trio.Cancelled`` is recorded and then re-raised. The handler's deadline
+    is its worker's ``timeout``, else ``default_timeout`` (River: the worker's ``Timeout()``,
+    else the client's ``JobTimeout``, §4.3); None means no deadline.
     """
     worker = workers.get(job.kind)
     if worker is None:
@@ -113,17 +118,18 @@ async def execute(
     except Exception as exc:  # cattrs raises ClassValidationError and friends
         record(_failed(job, f"job args do not fit {worker.args_type.__name__}: {exc!r}"))
         return
+    timeout = default_timeout if worker.timeout is None else worker.timeout
     scope = trio.CancelScope()
     cancel_scopes[job.id] = scope
     try:
         with scope:
-            if worker.timeout is None:
+            if timeout is None:
                 await worker.handler(job, args)
             else:
-                with trio.move_on_after(worker.timeout) as timer:
+                with trio.move_on_after(timeout) as timer:
                     await worker.handler(job, args)
                 if timer.cancelled_caught:
-                    record(_failed(job, f"job timed out after {worker.timeout} s"))
+                    record(_failed(job, f"job timed out after {timeout} s"))
                     return
         if scope.cancelled_caught:
             record(

@@ -45,6 +45,9 @@ class GenerationConfig:
     cooldown: float = 0.005
     poll_interval: float = 1.0
     claim_timeout: float = 10.0
+    job_timeout: float | None = None
+    """Deadline of a job whose worker has no timeout of its own; None means none (River's
+    client ``JobTimeout``, reference-semantics §4.3)."""
 
 
 class Generation:
@@ -118,7 +121,13 @@ class Generation:
 
                 async def work_job(job: Job, producer: Producer) -> None:
                     try:
-                        await execute(job, self.workers, record, self.cancel_scopes)
+                        await execute(
+                            job,
+                            self.workers,
+                            record,
+                            self.cancel_scopes,
+                            default_timeout=self.config.job_timeout,
+                        )
                     finally:
                         producer.job_finished()
 

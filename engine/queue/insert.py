@@ -36,7 +36,19 @@ from engine.queue.job import (
 from engine.queue.states import JobState
 from engine.queue.unique import unique_key
 
-__all__ = ["InsertNotify", "InsertParams", "insert", "insert_many", "insert_tx", "prepare"]
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "InsertNotify",
+    "InsertParams",
+    "insert",
+    "insert_many",
+    "insert_tx",
+    "prepare",
+]
+
+#: Attempts of a job inserted without its own ``max_attempts`` and without a client default
+#: (River's ``MaxAttempts`` default, reference-semantics §2).
+DEFAULT_MAX_ATTEMPTS = 25
 
 _INSERT_MANY = QUERIES["job_insert_many"]
 #: Rows per statement: large enough to amortise the round trip, small enough to stay well under
@@ -61,13 +73,21 @@ class InsertParams:
     unique_states: str | None
 
 
-def prepare(args: Any, opts: InsertOpts | None = None, *, kind: str | None = None) -> InsertParams:
+def prepare(
+    args: Any,
+    opts: InsertOpts | None = None,
+    *,
+    kind: str | None = None,
+    default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> InsertParams:
     """Turn args and options into column values, validating both before anything is stored.
 
     Args:
         args: an attrs instance whose class has ``kind``, or a mapping together with ``kind``.
         opts: insert options (River's defaults when omitted).
         kind: the job kind when ``args`` is a mapping.
+        default_max_attempts: the attempts when ``opts.max_attempts`` is None (the queue
+            client passes ``queue.default_max_attempts``).
 
     Raises:
         JobError: no kind, unencodable args, bad unique options.
@@ -96,7 +116,7 @@ def prepare(args: Any, opts: InsertOpts | None = None, *, kind: str | None = Non
         args=values,
         queue=opts.queue,
         priority=opts.priority,
-        max_attempts=opts.max_attempts,
+        max_attempts=default_max_attempts if opts.max_attempts is None else opts.max_attempts,
         scheduled_at=opts.scheduled_at,
         state=state,
         tags=opts.tags,

@@ -86,20 +86,23 @@ def _validate_priority(_inst: object, _attr: object, value: int) -> None:
         raise ValueError(f"priority must be 1..4 (1 is the highest), got {value}")
 
 
-def _validate_max_attempts(_inst: object, _attr: object, value: int) -> None:
-    if not 1 <= value <= _MAX_SMALLINT:
+def _validate_max_attempts(_inst: object, _attr: object, value: int | None) -> None:
+    if value is not None and not 1 <= value <= _MAX_SMALLINT:
         raise ValueError(f"max_attempts must be 1..{_MAX_SMALLINT}, got {value}")
 
 
 @attrs.frozen
 class InsertOpts:
-    """How to insert a job (River's ``InsertOpts``); every field has River's default."""
+    """How to insert a job (River's ``InsertOpts``); every field has River's default, or, for
+    ``max_attempts``, the client's."""
 
     queue: str = attrs.field(default="default", validator=_validate_queue)
     priority: int = attrs.field(default=1, validator=_validate_priority)
     scheduled_at: datetime | None = None
     """Run at this time. Any value makes the job ``scheduled``, even a past one (§4.1.2)."""
-    max_attempts: int = attrs.field(default=25, validator=_validate_max_attempts)
+    max_attempts: int | None = attrs.field(default=None, validator=_validate_max_attempts)
+    """Attempts before the job is discarded; None takes the inserting client's default
+    (``queue.default_max_attempts``, River's 25)."""
     tags: tuple[str, ...] = attrs.field(default=(), converter=_to_tags, validator=_validate_tags)
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     unique: UniqueOpts | None = None

@@ -21,7 +21,11 @@ Handler = Callable[[Job, A], Awaitable[None]]
 
 @attrs.frozen
 class Worker(Generic[A]):
-    """One kind's handler, its args class and optional timeout (seconds; None = no deadline)."""
+    """One kind's handler, its args class and optional timeout in seconds.
+
+    A None timeout takes the queue's ``job_timeout`` (itself unset, so no deadline, by
+    default); ``math.inf`` means no deadline whatever the queue's (River: ``Timeout()`` -1).
+    """
 
     kind: str
     args_type: type[A]
@@ -50,6 +54,9 @@ class Workers:
         timeout: float | None = None,
     ) -> Worker[A]:
         """Register ``handler`` for jobs of ``args_type.kind`` (or ``kind``).
+
+        ``timeout`` is the deadline of one run in seconds; None takes the queue's
+        ``job_timeout``, ``math.inf`` means none.
 
         Raises:
             ValueError: the kind is already registered, or ``timeout`` is not positive.

@@ -124,7 +124,8 @@ class Rescuer:
     async def reenqueue(self) -> int:
         """Give every queued task without a live job a job (§5.7); returns how many."""
         cfg = self.config
-        async with self.db.tasks.transaction() as conn:
+        rollback_timeout = cfg.worker.enqueue_rollback_timeout
+        async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
             rows = await conn.fetch(_RECOVERABLE, cfg.recovery.recoverable_task_limit)
             if not rows:
                 return 0

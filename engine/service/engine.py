@@ -15,6 +15,7 @@ siblings; leaving the block stops executions (draining, then cancelling after
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -32,6 +33,7 @@ from engine.db.resolve import migrate_databases, open_urls
 from engine.db.sqlfiles import QUERIES
 from engine.errors import TaskNotFound
 from engine.load.controller import LoadController
+from engine.load.retry_delay import worker_load_retry_delay
 from engine.providers.base import Provider
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.client import QueueClient, make_instance_id, open_queue
@@ -111,7 +113,8 @@ class Engine:
             InvalidTask: any request was invalid; nothing was stored.
         """
         requests = [request] if isinstance(request, TaskRequest) else list(request)
-        async with self.db.tasks.transaction() as conn:
+        rollback_timeout = self.config.worker.enqueue_rollback_timeout
+        async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
             await self.submit_tx(conn, requests)
         ids = [r.id for r in requests]
         return ids[0] if isinstance(request, TaskRequest) else ids
@@ -348,6 +351,11 @@ async def open_engine(
             lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
             queue_timeout=config.admission.queue_timeout,
             catalog=db.coordination,
+            load_retry_delay=functools.partial(
+                worker_load_retry_delay,
+                base=config.load.retry_base,
+                spread_ms=config.load.retry_spread_ms,
+            ),
         )
         notices = TaskNotices(db.tasks.dsn, keeper.cancel)
         workers = Workers()

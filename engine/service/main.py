@@ -13,9 +13,11 @@
             └── gauges               queue depth, leader, task counts, every few seconds
 
 Every sibling runs under :func:`supervise`: a crash after start-up is logged and the sibling is
-restarted with backoff; a failure during start-up ends the service with that error (non-zero
-exit), never a silent hang. Client-only mode (``worker.mode = "client"``) runs no sampler and
-no refresher and executes nothing: it serves submissions and recovers lost tasks (§5.3).
+restarted with backoff; a failure during start-up tears the whole start down and tries it again
+(``worker.startup_attempts`` in all, ``worker.startup_retry_delay`` apart), then ends the service
+with that error (non-zero exit), never a silent hang. Client-only mode
+(``worker.mode = "client"``) runs no sampler and no refresher and executes nothing: it serves
+submissions and recovers lost tasks (§5.3).
 """
 
 from __future__ import annotations
@@ -129,6 +131,19 @@ def _thresholds(config: EngineConfig) -> LoadThresholds:
     )
 
 
+class _StartStatus:
+    """Passes ``started`` on to the caller's task status and remembers that it came."""
+
+    def __init__(self, outer: trio.TaskStatus[Engine]) -> None:
+        self.outer = outer
+        self.started_yet = False
+
+    def started(self, value: Engine | None = None) -> None:
+        assert value is not None
+        self.started_yet = True
+        self.outer.started(value)
+
+
 async def run_service(
     config: EngineConfig,
     urls: DatabaseUrls,
@@ -141,9 +156,52 @@ async def run_service(
 
     ``task_status.started(engine)`` comes once every sibling is up (the instance is registered
     and its first generation, if any, is fetching) and hands back the open :class:`Engine`.
-    Only returns when cancelled; a start-up error escapes and ends the process with a non-zero
-    status.
+    Only returns when cancelled.
+
+    A start that fails (connecting, migrating, registering, the first recovery round, a first
+    generation) is torn down and tried again from scratch ``worker.startup_retry_delay``
+    seconds later, ``worker.startup_attempts`` times in all (the reference's
+    ``retryAsyncQueueStartup``, §5.3); the last attempt's error escapes and ends the process
+    with a non-zero status. Once started, nothing is retried here: each sibling restarts on
+    its own (:func:`supervise`).
     """
+    attempts = max(1, config.worker.startup_attempts)
+    status = _StartStatus(task_status)
+    for attempt in range(1, attempts + 1):
+        try:
+            await _serve(config, urls, providers, simulated, status)
+            return
+        except Exception as exc:
+            if status.started_yet or attempt == attempts:
+                raise
+            log.warning(
+                "service start failed; retrying",
+                extra={
+                    "event": "service_start_retry",
+                    "attempt": attempt,
+                    "attempts": attempts,
+                    "delay": config.worker.startup_retry_delay,
+                    "error": _describe(exc),
+                },
+            )
+        await trio.sleep(config.worker.startup_retry_delay)
+
+
+def _describe(exc: BaseException) -> str:
+    """The error's message, looking through the exception groups nurseries wrap it in."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
+
+
+async def _serve(
+    config: EngineConfig,
+    urls: DatabaseUrls,
+    providers: dict[str, Provider] | None,
+    simulated: Provider | None,
+    task_status: _StartStatus,
+) -> None:
+    """One attempt of :func:`run_service`."""
     worker = config.worker.mode == "worker"
     metrics = Metrics()
     slots = SlotPool(0)  # nothing runs until the first refresh grants a share

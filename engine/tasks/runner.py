@@ -172,6 +172,7 @@ class TaskRunner:
         lock_timeout_delay: float = 1.0,
         queue_timeout: float | None = None,
         catalog: Pool | None = None,
+        load_retry_delay: Callable[[str], float] = worker_load_retry_delay,
     ) -> None:
         self.store = store
         self.events = events
@@ -182,6 +183,7 @@ class TaskRunner:
         self.load = load
         self.lock_timeout_delay = lock_timeout_delay
         self.queue_timeout = queue_timeout
+        self.load_retry_delay = load_retry_delay
         #: Seconds a stop waits for an upstream submission already under way to answer.
         self.submit_grace = 10.0
         self.scopes = ScopeCatalog(store.pool, catalog)
@@ -230,7 +232,7 @@ class TaskRunner:
             if lease is None:
                 if await self._runnable(task_id, job) is None:  # 1, -, 2
                     return
-                raise JobSnooze(worker_load_retry_delay(str(task_id)))  # 3
+                raise JobSnooze(self.load_retry_delay(str(task_id)))  # 3
         run = _Run(task_id, uuid.uuid4())
         try:
             await self._execute(run, job, lease)  # 4, 5

@@ -43,3 +43,25 @@ def test_range_and_determinism(task_id: str) -> None:
     delay = worker_load_retry_delay(task_id)
     assert 0.250 <= delay <= 0.750
     assert delay == worker_load_retry_delay(task_id)
+
+
+@pytest.mark.parametrize(
+    ("task_id", "base", "spread_ms", "seconds"),
+    [
+        ("a", 0.25, 501, 0.347),  # the defaults, spelled out
+        ("a", 1.0, 501, 1.097),  # h("a") = 97
+        ("a", 0.25, 50, 0.297),  # 97 % 50 = 47
+        ("a", 0.0, 1, 0.0),  # spread 1: always exactly the base
+        ("task-1", 30.0, 1, 30.0),
+    ],
+)
+def test_base_and_spread_are_parameters(
+    task_id: str, base: float, spread_ms: int, seconds: float
+) -> None:
+    assert worker_load_retry_delay(task_id, base=base, spread_ms=spread_ms) == seconds
+
+
+@pytest.mark.parametrize(("base", "spread_ms"), [(-0.1, 501), (0.25, 0)])
+def test_bad_parameters_are_refused(base: float, spread_ms: int) -> None:
+    with pytest.raises(ValueError):
+        worker_load_retry_delay("a", base=base, spread_ms=spread_ms)

@@ -111,6 +111,11 @@ async def _not_running(eng: Engine, generation: Any) -> bool:
     return generation not in eng.queue.generations
 
 
+# In `nox -s chaos`, not in the default session: about one run in ten on a loaded machine, a
+# pooled connection's statement never gets its answer (the server shows it finished) and the
+# shutdown waits on it forever, because trio-asyncio does not give up on an asyncio future
+# that never completes. Open bug, see docs/operations.md "Known limitations".
+@pytest.mark.chaos
 async def test_shutdown_in_the_middle_of_work_hands_tasks_to_another_instance(
     db_url: str,
 ) -> None:
