@@ -29,10 +29,9 @@ import trio
 
 from engine.config import load_config
 from engine.db import embedded
-from engine.db.bridge import asyncio_loop, connect
+from engine.db.bridge import asyncio_loop
 from engine.db.database import DatabaseUrls
-from engine.db.dsn import replace_database
-from engine.db.migrate import migrate
+from engine.db.resolve import scratch_database
 from engine.providers.base import Provider
 from engine.service.engine import Engine, open_engine
 from engine.tasks.models import Task
@@ -57,27 +56,7 @@ async def temporary_database(admin_url: str | None = None) -> AsyncIterator[str]
             stack.callback(shutil.rmtree, data_dir, True)
             stack.callback(server.release)
             admin_url = server.dsn("postgres")
-        name = f"engine_test_{uuid.uuid4().hex[:12]}"
-        admin = await connect(admin_url)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await admin.close()
-        url = replace_database(admin_url, name)
-        try:
-            conn = await connect(url)
-            try:
-                await migrate(conn)
-            finally:
-                await conn.close()
-            yield url
-        finally:
-            with trio.CancelScope(shield=True):
-                admin = await connect(admin_url)
-                try:
-                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                finally:
-                    await admin.close()
+        yield await stack.enter_async_context(scratch_database(admin_url, "engine_test_"))
 
 
 @asynccontextmanager

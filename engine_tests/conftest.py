@@ -25,6 +25,7 @@ from engine.db.bridge import Connection, asyncio_loop, connect
 from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import replace_database
 from engine.db.migrate import migrate
+from engine.db.resolve import scratch_database
 
 
 def _make_data_dir() -> Path:
@@ -91,21 +92,8 @@ async def aio_loop() -> AsyncIterator[None]:
 @pytest.fixture
 async def db_url(pg_admin_url: str, template_db: str, aio_loop: None) -> AsyncIterator[str]:
     """A fresh, migrated database for this test; dropped afterwards."""
-    name = f"engine_t_{uuid.uuid4().hex[:12]}"
-    admin = await connect(pg_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await admin.close()
-    try:
-        yield replace_database(pg_admin_url, name)
-    finally:
-        with trio.CancelScope(shield=True):
-            admin = await connect(pg_admin_url)
-            try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await admin.close()
+    async with scratch_database(pg_admin_url, "engine_t_", template=template_db) as url:
+        yield url
 
 
 @pytest.fixture

@@ -95,10 +95,8 @@ Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…)
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
-import os
 import random
 import shutil
 import signal
@@ -120,8 +118,7 @@ from engine.config import load_config
 from engine.db import embedded
 from engine.db.bridge import Connection, Record, connect
 from engine.db.database import DatabaseUrls
-from engine.db.dsn import replace_database
-from engine.db.migrate import migrate
+from engine.db.resolve import scratch_database
 from engine.errors import ConnectionLost, DatabaseError, UniqueViolation
 from engine.providers.simulated import Latency, SimulationConfig
 from engine.service.engine import Engine, open_engine
@@ -139,7 +136,6 @@ __all__ = [
     "FaultReport",
     "Monitor",
     "WorkerProcess",
-    "restart_server",
     "run_chaos_bench",
     "run_chaos_scenario",
     "scenario_targets",
@@ -346,33 +342,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-@asynccontextmanager
-async def _fresh_database(admin_url: str, *, migrated: bool) -> AsyncIterator[str]:
-    """A new database on ``admin_url``'s server (migrated if asked); dropped on exit."""
-    name = f"engine_chaos_{uuid.uuid4().hex[:10]}"
-    admin = await connect(admin_url, application_name=BENCH_APPLICATION)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = replace_database(admin_url, name)
-    try:
-        if migrated:
-            conn = await connect(url, application_name=BENCH_APPLICATION)
-            try:
-                await migrate(conn)
-            finally:
-                await conn.close()
-        yield url
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(30):
-            admin = await connect(admin_url, application_name=BENCH_APPLICATION)
-            try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await admin.close()
-
-
 def _server_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="engine-chaos-pg-"))
     path.chmod(0o755)  # the server user must be able to enter it when we run as root
@@ -394,58 +363,6 @@ async def _private_server() -> AsyncIterator[embedded.EmbeddedServer]:
                 await trio.to_thread.run_sync(server.release)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def restart_server(server: embedded.EmbeddedServer) -> None:
-    """``pg_ctl restart -m fast`` of an embedded server, as the user owning its cluster.
-
-    Blocking; the server's start options are kept (pg_ctl reuses ``postmaster.opts``).
-    """
-    data_dir = server.data_dir
-    pgdata = data_dir / "pgdata"
-    state = json.loads((data_dir / "engine-pg.json").read_text())
-    exec_bindir = state.get("exec_bindir")
-    bindir = Path(exec_bindir) if exec_bindir else embedded.find_bindir(data_dir)
-    cmd = [
-        str(bindir / "pg_ctl"),
-        "-D", str(pgdata),
-        "-m", "fast",
-        "-w", "-t", "60",
-        "-l", str(data_dir / "server.log"),
-        "restart",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    if os.geteuid() == 0:
-        owner = pgdata.stat()
-        result = subprocess.run(
-            cmd,
-            cwd="/",
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            user=owner.st_uid,
-            group=owner.st_gid,
-            extra_groups=[],
-        )
-    else:
-        result = subprocess.run(
-            cmd,
-            cwd="/",
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"pg_ctl restart failed (exit {result.returncode}): "
-            f"{(result.stdout + result.stderr).strip()}"
-        )
 
 
 async def _spawn_worker(run: ChaosRun, index: int) -> WorkerProcess:
@@ -692,8 +609,14 @@ async def run_chaos_scenario(
         if scenario.private_server:
             server = await stack.enter_async_context(_private_server())
             server_admin = server.dsn("postgres")
-        url = await stack.enter_async_context(_fresh_database(server_admin, migrated=True))
-        ledger_url = await stack.enter_async_context(_fresh_database(admin_url, migrated=False))
+        url = await stack.enter_async_context(
+            scratch_database(server_admin, "engine_chaos_", application_name=BENCH_APPLICATION)
+        )
+        ledger_url = await stack.enter_async_context(
+            scratch_database(
+                admin_url, "engine_chaos_", migrated=False, application_name=BENCH_APPLICATION
+            )
+        )
         ledger = await connect(ledger_url, application_name=BENCH_APPLICATION)
         try:
             await ledger.execute(LEDGER_DDL)
@@ -806,7 +729,7 @@ async def _postgres_restart(run: ChaosRun) -> FaultReport:
     assert run.server is not None, "postgres_restart needs private_server=True"
     at = _now()
     start = trio.current_time()
-    await trio.to_thread.run_sync(restart_server, run.server)
+    await trio.to_thread.run_sync(embedded.restart, run.server.data_dir)
     outage = trio.current_time() - start
     return FaultReport(at, {"outage_seconds": round(outage, 3)})
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import uuid
+from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from engine.db.bridge import connect
 from engine.db.database import Database, DatabaseUrls, open_database
-from engine.db.dsn import replace_database
-from engine.db.migrate import migrate
+from engine.db.resolve import scratch_database
 
 __all__ = ["BenchDatabase", "check_targets", "format_table", "percentile", "write_json"]
 
@@ -30,24 +28,19 @@ class BenchDatabase:
 
     def __init__(self, admin_url: str, *, max_size: int = 20) -> None:
         self.admin_url = admin_url
-        self.name = f"engine_bench_{uuid.uuid4().hex[:10]}"
-        self.url = replace_database(admin_url, self.name)
         self.max_size = max_size
-        self._cm: Any = None
+        self.url = ""
+        self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> Database:
-        admin = await connect(self.admin_url)
-        try:
-            await admin.execute(f'CREATE DATABASE "{self.name}"')
-        finally:
-            await admin.close()
-        conn = await connect(self.url)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
-        self._cm = open_database(DatabaseUrls.single(self.url), max_size=self.max_size)
-        db: Database = await self._cm.__aenter__()
+        async with AsyncExitStack() as stack:
+            self.url = await stack.enter_async_context(
+                scratch_database(self.admin_url, "engine_bench_")
+            )
+            db: Database = await stack.enter_async_context(
+                open_database(DatabaseUrls.single(self.url), max_size=self.max_size)
+            )
+            self._stack = stack.pop_all()
         return db
 
     async def __aexit__(
@@ -56,12 +49,7 @@ class BenchDatabase:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._cm.__aexit__(exc_type, exc, tb)
-        admin = await connect(self.admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await self._stack.__aexit__(exc_type, exc, tb)
 
 
 def check_targets(

@@ -293,6 +293,25 @@ def stop(data_dir: str | os.PathLike[str]) -> str:
         return f"stopped the embedded PostgreSQL server in {layout.data_dir} (port {probe.port})."
 
 
+def restart(data_dir: str | os.PathLike[str]) -> None:
+    """``pg_ctl restart -m fast`` of a running embedded server, as the user owning its cluster.
+
+    Every connection is dropped; the server comes back on the same port with the same options
+    (pg_ctl reuses ``postmaster.opts``). Blocking. The chaos benchmark's "PostgreSQL restart".
+    """
+    layout = _Layout.of(data_dir)
+    with _locked(layout):
+        state = _read_state(layout)
+        pg_ctl = _exec_bindir(layout, state) / "pg_ctl"
+        cmd = [str(pg_ctl), "-D", str(layout.pgdata), "-m", "fast", "-w", "-t", "60",
+               "-l", str(layout.log), "restart"]  # fmt: skip
+        out = _run(cmd, _run_as(layout, create_user=False), timeout=_PG_CTL_TIMEOUT)
+    if out.returncode != 0:
+        raise EmbeddedPostgresError(
+            f"pg_ctl restart failed (exit {out.returncode}): {(out.stdout + out.stderr).strip()}"
+        )
+
+
 def url(data_dir: str | os.PathLike[str]) -> str:
     """Return the DSN of the running server in ``data_dir``; raise if it is not running."""
     st = status(data_dir)
@@ -654,21 +673,12 @@ def _run(
     cmd: list[str], runas: _RunAs | None, *, timeout: float
 ) -> subprocess.CompletedProcess[str]:
     """Run a command (as ``runas`` when given) and capture its output; never raises on exit code."""
+    # cwd="/" because the server user may not be able to enter our cwd; extra_groups=[] drops
+    # root's supplementary groups.
+    as_user: dict[str, Any] = (
+        {} if runas is None else {"user": runas.uid, "group": runas.gid, "extra_groups": []}
+    )
     try:
-        if runas is None:
-            return subprocess.run(
-                cmd,
-                cwd="/",
-                env=_child_env(),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                check=False,
-            )
-        # cwd="/" because the server user may not be able to enter our cwd; extra_groups=[]
-        # drops root's supplementary groups.
         return subprocess.run(
             cmd,
             cwd="/",
@@ -679,9 +689,7 @@ def _run(
             errors="replace",
             timeout=timeout,
             check=False,
-            user=runas.uid,
-            group=runas.gid,
-            extra_groups=[],
+            **as_user,
         )
     except subprocess.TimeoutExpired as exc:
         raise EmbeddedPostgresError(

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import logging
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Final
@@ -33,7 +34,7 @@ from engine.config import EngineConfig
 from engine.db import embedded
 from engine.db.bridge import asyncio_loop, connect
 from engine.db.database import Database, DatabaseUrls
-from engine.db.dsn import redact
+from engine.db.dsn import redact, replace_database
 from engine.db.migrate import MigrationReport, migrate
 from engine.errors import DatabaseError, UniqueViolation
 
@@ -47,6 +48,7 @@ __all__ = [
     "migrate_databases",
     "open_urls",
     "quote_identifier",
+    "scratch_database",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,45 @@ def external_urls(config: EngineConfig) -> DatabaseUrls | None:
 def embedded_data_dir(config: EngineConfig) -> Path:
     """The embedded server's data directory: ``data_dir`` or the platform default."""
     return config.data_dir or embedded.default_data_dir()
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(
+    admin_url: str,
+    prefix: str,
+    *,
+    migrated: bool = True,
+    template: str | None = None,
+    application_name: str = "engine",
+) -> AsyncIterator[str]:
+    """Yield the URL of a new database on ``admin_url``'s server, named ``prefix`` plus a random
+    suffix: a copy of ``template``, else empty and migrated unless ``migrated`` is False.
+    Dropped on exit (shielded, bounded), whatever connections are still open on it."""
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    source = "" if template is None else f" TEMPLATE {quote_identifier(template)}"
+    admin = await connect(admin_url, application_name=application_name)
+    try:
+        await admin.execute(f"CREATE DATABASE {quote_identifier(name)}{source}")
+    finally:
+        await admin.close()
+    url = replace_database(admin_url, name)
+    try:
+        if migrated and template is None:
+            conn = await connect(url, application_name=application_name)
+            try:
+                await migrate(conn)
+            finally:
+                await conn.close()
+        yield url
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(30):
+            admin = await connect(admin_url, application_name=application_name)
+            try:
+                await admin.execute(
+                    f"DROP DATABASE IF EXISTS {quote_identifier(name)} WITH (FORCE)"
+                )
+            finally:
+                await admin.close()
 
 
 async def ensure_database(admin_dsn: str, name: str) -> None:

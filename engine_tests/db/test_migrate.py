@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import trio
 
 from engine.db.bridge import connect
-from engine.db.dsn import replace_database
 from engine.db.migrate import migrate, pending_migrations
+from engine.db.resolve import scratch_database
 from engine.db.sqlfiles import load_migrations
 from engine.errors import MigrationError
 
 
 @pytest.fixture
 async def empty_url(pg_admin_url: str, aio_loop: None) -> AsyncIterator[str]:
-    name = f"engine_e_{uuid.uuid4().hex[:12]}"
-    admin = await connect(pg_admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    try:
-        yield replace_database(pg_admin_url, name)
-    finally:
-        with trio.CancelScope(shield=True):
-            admin = await connect(pg_admin_url)
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.close()
+    async with scratch_database(pg_admin_url, "engine_e_", migrated=False) as url:
+        yield url
 
 
 async def test_migrate_applies_everything_once_then_nothing(empty_url: str) -> None:
