@@ -12,8 +12,9 @@ import trio
 
 from engine.config import QueueConfig
 from engine.db.database import Database
-from engine.queue import InsertOpts, Job, JobState, QueueClient, Workers, open_queue
+from engine.queue import InsertOpts, Job, JobState, Workers, open_queue
 from engine.queue.insert import prepare
+from engine_tests.queue.test_client import wait_state
 
 
 @attrs.frozen
@@ -46,16 +47,6 @@ async def _fail(job: Job, args: Fail) -> None:
 
 def fast(**kw: object) -> QueueConfig:
     return QueueConfig(fetch_poll_interval=0.2, completer_tick=0.01, **kw)  # type: ignore[arg-type]
-
-
-async def wait_state(client: QueueClient, job_id: int, *states: JobState) -> Job:
-    with trio.fail_after(10):
-        while True:
-            job = await client.get(job_id)
-            assert job is not None
-            if job.state in states:
-                return job
-            await trio.sleep(0.01)
 
 
 async def test_default_max_attempts_applies_to_jobs_inserted_without_a_limit(

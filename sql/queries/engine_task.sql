@@ -176,21 +176,10 @@ finished AS (
     RETURNING t.id
 ),
 released AS (
-    DELETE FROM engine_scope_lease l USING finished f WHERE l.task_id = f.id RETURNING l.scope
-),
-refunded AS (
-    DELETE FROM engine_rate_reservation r USING finished f WHERE r.task_id = f.id
-    RETURNING r.scope
-),
-refund AS (
-    UPDATE engine_rate_bucket b SET tokens = b.tokens + x.n
-    FROM (SELECT scope, count(*) AS n FROM refunded GROUP BY scope) x
-    WHERE b.scope = x.scope
+    SELECT engine_task_release_holds(array_agg(id)) FROM finished
 )
 SELECT f.id
-FROM finished f
-LEFT JOIN (SELECT count(pg_notify('engine_admission', '')) AS n
-           FROM (SELECT 1 FROM released LIMIT 1) r) notified ON true;
+FROM finished f, released;
 
 -- name: task_requeue_many
 -- Put running tasks back to queued and release their leases, keeping an upstream reference so
@@ -227,21 +216,10 @@ requeued AS (
     RETURNING t.id, t.status
 ),
 released AS (
-    DELETE FROM engine_scope_lease l USING requeued q WHERE l.task_id = q.id RETURNING l.scope
-),
-refunded AS (
-    DELETE FROM engine_rate_reservation r USING requeued q WHERE r.task_id = q.id
-    RETURNING r.scope
-),
-refund AS (
-    UPDATE engine_rate_bucket b SET tokens = b.tokens + x.n
-    FROM (SELECT scope, count(*) AS n FROM refunded GROUP BY scope) x
-    WHERE b.scope = x.scope
+    SELECT engine_task_release_holds(array_agg(id)) FROM requeued
 )
 SELECT q.id, q.status
-FROM requeued q
-LEFT JOIN (SELECT count(pg_notify('engine_admission', '')) AS n
-           FROM (SELECT 1 FROM released LIMIT 1) r) notified ON true;
+FROM requeued q, released;
 
 -- name: task_cancel_queued
 -- Cancel a task that is not running yet, at once (leaving any admission line). $1 id.
