@@ -17,7 +17,7 @@ Two traps from ``dependencies.md`` §3(e) shape this module:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -173,11 +173,6 @@ class Connection:
         Counters.statements += 1
         return await call(self.raw.execute, query, *args, timeout=timeout)
 
-    async def executemany(self, query: str, args: Sequence[Sequence[Any]]) -> None:
-        """Run a statement once per argument tuple, in one round trip pipeline."""
-        Counters.statements += 1
-        await call(self.raw.executemany, query, args)
-
     async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Record]:
         """Run a query and return every row."""
         Counters.statements += 1
@@ -192,15 +187,6 @@ class Connection:
         """Run a query and return the first column of its first row."""
         Counters.statements += 1
         return await call(self.raw.fetchval, query, *args, timeout=timeout)
-
-    async def copy_records(
-        self, table: str, records: Sequence[Sequence[Any]], columns: Sequence[str]
-    ) -> str:
-        """COPY ``records`` into ``table``: the fastest bulk insert Postgres offers."""
-        Counters.statements += 1
-        return await call(
-            self.raw.copy_records_to_table, table, records=records, columns=list(columns)
-        )
 
     def is_closed(self) -> bool:
         """True once the connection is closed or lost."""
