@@ -22,6 +22,14 @@ from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import make_config, request
 from engine_tests.tasks.test_runner import GatedProvider
 
+#: The tests that run whole services in this process go to `nox -s chaos`, not the default
+#: session: now and then (about one run in ten on a loaded machine, rarer on an idle one) a
+#: pooled connection's statement never gets its answer on the client side although the server
+#: shows it finished, and the service's shutdown waits on it forever, because trio-asyncio does
+#: not give up on an asyncio future that never completes. Open bug, see docs/operations.md
+#: "Known limitations"; a hang under pytest-timeout also breaks the tests after it.
+IN_PROCESS_SERVICE_HANG = pytest.mark.chaos
+
 FAST = {
     "worker.refresh_interval": "0.5",
     "recovery.interval": "0.5",
@@ -61,6 +69,7 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 10) -> None:
             await trio.sleep(0.02)
 
 
+@IN_PROCESS_SERVICE_HANG
 async def test_resize_swaps_generations_and_the_old_ones_long_task_finishes(
     db_url: str,
 ) -> None:
@@ -111,11 +120,7 @@ async def _not_running(eng: Engine, generation: Any) -> bool:
     return generation not in eng.queue.generations
 
 
-# In `nox -s chaos`, not in the default session: about one run in ten on a loaded machine, a
-# pooled connection's statement never gets its answer (the server shows it finished) and the
-# shutdown waits on it forever, because trio-asyncio does not give up on an asyncio future
-# that never completes. Open bug, see docs/operations.md "Known limitations".
-@pytest.mark.chaos
+@IN_PROCESS_SERVICE_HANG
 async def test_shutdown_in_the_middle_of_work_hands_tasks_to_another_instance(
     db_url: str,
 ) -> None:
@@ -142,6 +147,7 @@ async def test_shutdown_in_the_middle_of_work_hands_tasks_to_another_instance(
             assert second.submissions == {}
 
 
+@IN_PROCESS_SERVICE_HANG
 async def test_client_only_mode_executes_nothing(db_url: str) -> None:
     async with service(db_url, **{"worker.mode": "client"}) as (client, _):
         await client.set_model("sim-model")
