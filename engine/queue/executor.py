@@ -14,7 +14,8 @@
 
 Every outcome, the hard stop included, is handed to the completer with ``send_nowait`` on an
 unbounded channel, so recording it can neither block nor be cancelled; the completer's write is
-shielded.
+shielded. The two cancellation rows are recorded by the runner that owns the job's cancel scope
+(:mod:`engine.queue.runners`); :func:`execute` records the rest.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from engine.queue.retry import becomes_available_immediately, retry_backoff
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
 
-__all__ = ["Completion", "execute"]
+__all__ = ["Completion", "cancelled", "execute", "interrupted", "snoozed"]
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +88,33 @@ def snoozed(job: Job, seconds: float) -> Completion:
     return Completion(job.id, job.queue, state, delay=seconds, snooze=True)
 
 
+def cancelled(job: Job) -> Completion:
+    """The completion of a job stopped by its own (remote) cancel."""
+    return Completion(job.id, job.queue, JobState.CANCELLED, error=_error(job, "job cancelled"))
+
+
+def interrupted(job: Job) -> Completion:
+    """The completion of a job cut short by a hard stop: available at once, its attempt
+    restored and no error recorded, so another worker takes it without it counting as a
+    failure (River #1290)."""
+    return Completion(job.id, job.queue, JobState.AVAILABLE, delay=0.0, restore=True)
+
+
 async def execute(
     job: Job,
     workers: Workers,
     record: Callable[[Completion], None],
-    cancel_scopes: dict[int, trio.CancelScope],
     *,
     default_timeout: float | None = None,
 ) -> None:
     """Run ``job``'s handler and ``record`` its completion; see the module table.
 
-    ``cancel_scopes`` maps running job ids to their scopes, so a remote cancel can reach this
-    job. A hard stop's ``trio.Cancelled`` is recorded and then re-raised. The handler's deadline
-    is its worker's ``timeout``, else ``default_timeout`` (River: the worker's ``Timeout()``,
-    else the client's ``JobTimeout``, §4.3); None means no deadline.
+    An interruption (``trio.Cancelled``, possibly inside a group from the handler's nursery, or
+    any other ``BaseException``) is not recorded here: it propagates, and the caller, which
+    owns the cancel scope, knows whether it was this job's cancel (:func:`cancelled`) or a
+    hard stop (:func:`interrupted`). The handler's deadline is its worker's ``timeout``, else
+    ``default_timeout`` (River: the worker's ``Timeout()``, else the client's ``JobTimeout``,
+    §4.3); None means no deadline.
     """
     worker = workers.get(job.kind)
     if worker is None:
@@ -119,25 +133,15 @@ async def execute(
         record(_failed(job, f"job args do not fit {worker.args_type.__name__}: {exc!r}"))
         return
     timeout = default_timeout if worker.timeout is None else worker.timeout
-    scope = trio.CancelScope()
-    cancel_scopes[job.id] = scope
     try:
-        with scope:
-            if timeout is None:
+        if timeout is None:
+            await worker.handler(job, args)
+        else:
+            with trio.move_on_after(timeout) as timer:
                 await worker.handler(job, args)
-            else:
-                with trio.move_on_after(timeout) as timer:
-                    await worker.handler(job, args)
-                if timer.cancelled_caught:
-                    record(_failed(job, f"job timed out after {timeout} s"))
-                    return
-        if scope.cancelled_caught:
-            record(
-                Completion(
-                    job.id, job.queue, JobState.CANCELLED, error=_error(job, "job cancelled")
-                )
-            )
-            return
+            if timer.cancelled_caught:
+                record(_failed(job, f"job timed out after {timeout} s"))
+                return
         record(Completion(job.id, job.queue, JobState.COMPLETED))
     except JobSnooze as snooze:
         record(snoozed(job, snooze.seconds))
@@ -149,11 +153,3 @@ async def execute(
             extra={"event": "job_failed", "job_id": job.id, "kind": job.kind, "error": repr(exc)},
         )
         record(_failed(job, repr(exc), traceback.format_exc()))
-    except BaseException:
-        # A hard stop (trio.Cancelled, possibly inside a group from the handler's nursery): the
-        # job goes back to available at once with its attempt restored, so another worker
-        # takes it without it counting as a failure.
-        record(Completion(job.id, job.queue, JobState.AVAILABLE, delay=0.0, restore=True))
-        raise
-    finally:
-        cancel_scopes.pop(job.id, None)

@@ -2,7 +2,7 @@
 
 River's ``fetchCtx``/``workCtx`` pair becomes two nested trio scopes (§4.9, §10.1)::
 
-    work nursery (running jobs)          <- stop_and_cancel() cancels this
+    work nursery (runner tasks, one job each at a time)   <- stop_and_cancel() cancels this
     └── fetch nursery (one producer per queue)   <- stop() cancels this
 
 ``stop()`` stops fetching and lets running jobs finish (a drain); ``stop_and_cancel()`` also
@@ -22,10 +22,10 @@ import trio
 
 from engine.db.bridge import Pool
 from engine.queue.completer import Completer
-from engine.queue.executor import execute
 from engine.queue.job import Job
 from engine.queue.notifier import Notifier
 from engine.queue.producer import Producer, ProducerConfig
+from engine.queue.runners import Runners
 from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
 
@@ -118,23 +118,17 @@ class Generation:
         try:
             async with trio.open_nursery() as work:
                 self._work_scope = work.cancel_scope
-
-                async def work_job(job: Job, producer: Producer) -> None:
-                    try:
-                        await execute(
-                            job,
-                            self.workers,
-                            record,
-                            self.cancel_scopes,
-                            default_timeout=self.config.job_timeout,
-                        )
-                    finally:
-                        producer.job_finished()
-
+                runners = Runners(
+                    work,
+                    self.workers,
+                    record,
+                    self.cancel_scopes,
+                    default_timeout=self.config.job_timeout,
+                )
                 async with trio.open_nursery() as fetch:
                     self._fetch_scope = fetch.cancel_scope
                     for queue, max_workers in self.config.queues.items():
-                        await fetch.start(self._run_producer, queue, max_workers, work, work_job)
+                        await fetch.start(self._run_producer, queue, max_workers, runners)
                     log.info(
                         "generation started",
                         extra={
@@ -149,6 +143,7 @@ class Generation:
                         hard, reason = self._pending_stop
                         (self.stop_and_cancel if hard else self.stop)(reason)
                 self.fetching_stopped.set()
+                runners.close()
         finally:
             with trio.CancelScope(shield=True):
                 await sender.aclose()
@@ -163,8 +158,7 @@ class Generation:
         self,
         queue: str,
         max_workers: int,
-        work: trio.Nursery,
-        work_job: object,
+        runners: Runners,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -172,7 +166,7 @@ class Generation:
             producer: Producer
 
             def start_job(job: Job) -> None:
-                work.start_soon(work_job, job, producer)  # type: ignore[arg-type]
+                runners.start(job, producer.job_finished)
 
             producer = Producer(
                 ProducerConfig(
