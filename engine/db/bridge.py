@@ -12,11 +12,20 @@ Two traps from ``dependencies.md`` §3(e) shape this module:
   deadline.
 * An error escaping ``trio_asyncio.open_loop()`` arrives double-wrapped in exception groups;
   :func:`engine.cli` unwraps them at the top.
+
+A third one we found ourselves: trio-asyncio's default exception handler does not only log what
+asyncio code reports with ``loop.call_exception_handler`` (asyncpg does so for a connection
+released inside a transaction, for example); it also raises the report inside the loop's task
+nursery. That cancels every socket watcher of the loop at once, and each asyncpg call still
+waiting then waits forever (trio-asyncio holds a trio cancellation until the asyncio future
+completes). :func:`asyncio_loop` installs :func:`log_asyncio_error` instead.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -44,8 +53,11 @@ __all__ = [
     "call",
     "connect",
     "create_pool",
+    "log_asyncio_error",
     "map_error",
 ]
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -125,13 +137,33 @@ async def call(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs)
         raise map_error(exc) from exc
 
 
+def log_asyncio_error(loop: Any, context: dict[str, Any]) -> None:
+    """An asyncio exception handler that logs the report and goes on (see the module docstring
+    for why trio-asyncio's own handler must not run)."""
+    exc = context.get("exception")
+    log.warning(
+        "asyncio reported: %s",
+        context.get("message") or repr(exc),
+        exc_info=exc if isinstance(exc, BaseException) else None,
+        extra={"event": "asyncio_error"},
+    )
+
+
 @asynccontextmanager
 async def asyncio_loop() -> AsyncIterator[None]:
-    """Make sure a trio-asyncio loop is open; reuse the embedding app's loop when it has one."""
-    if trio_asyncio.current_loop.get() is not None:
+    """Make sure a trio-asyncio loop is open; reuse the embedding app's loop when it has one.
+
+    The loop gets :func:`log_asyncio_error` as its exception handler, unless the embedding app
+    set one of its own.
+    """
+    loop = trio_asyncio.current_loop.get()
+    if loop is not None:
+        if loop.get_exception_handler() is None:
+            loop.set_exception_handler(log_asyncio_error)
         yield
         return
-    async with trio_asyncio.open_loop():
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(log_asyncio_error)
         yield
 
 
@@ -208,16 +240,33 @@ class Connection:
         shutdown. The rollback gets ``rollback_timeout`` seconds (the reference gives a failed
         enqueue's rollback a fresh 5 s, §5.6); if it does not finish in time the connection is
         terminated, which ends the transaction on the server too, so it never goes back to a
-        pool with the transaction still open.
+        pool with the transaction still open. Inside a transaction already open on this
+        connection the block is a savepoint: its failure undoes only what it did.
         """
-        tx = self.raw.transaction(isolation=isolation)
-        await call(tx.start)
+        if self.raw.is_in_transaction():
+            # Nested: a savepoint of the transaction already open on this connection.
+            if isolation is not None:
+                raise ValueError("a nested transaction is a savepoint: it cannot set isolation")
+            name = f"engine_savepoint_{next(_savepoints)}"
+            begin, commit = f"SAVEPOINT {name}", f"RELEASE SAVEPOINT {name}"
+            rollback = f"ROLLBACK TO SAVEPOINT {name}"
+        else:
+            begin = (
+                "BEGIN" if isolation is None else f"BEGIN ISOLATION LEVEL {_isolation(isolation)}"
+            )
+            commit, rollback = "COMMIT", "ROLLBACK"
+        # Our own statements, not asyncpg's Transaction: it cannot tell whether a cancelled BEGIN
+        # reached the server, and a connection released with its transaction open is reported
+        # to the loop's exception handler (see the module docstring).
         try:
+            await call(self.raw.execute, begin)
             yield self
         except BaseException:
+            # Also after a cancelled BEGIN, which the server may have run (a ROLLBACK with no
+            # transaction open is only a notice).
             with trio.move_on_after(rollback_timeout, shield=True) as scope:
                 try:
-                    await call(tx.rollback)
+                    await call(self.raw.execute, rollback)
                 except DatabaseError:
                     pass  # the original error is the one worth raising
             if scope.cancelled_caught:
@@ -225,7 +274,7 @@ class Connection:
             raise
         with trio.CancelScope(shield=True):
             with trio.move_on_after(RELEASE_TIMEOUT) as scope:
-                await call(tx.commit)
+                await call(self.raw.execute, commit)
         if scope.cancelled_caught:
             raise ConnectionLost(f"commit did not finish within {RELEASE_TIMEOUT} s")
 
@@ -236,6 +285,23 @@ class Connection:
                 await call(self.raw.close)
             except DatabaseError:
                 self.raw.terminate()
+
+
+_savepoints = itertools.count(1)
+_ISOLATION_LEVELS = {
+    "read_committed": "READ COMMITTED",
+    "repeatable_read": "REPEATABLE READ",
+    "serializable": "SERIALIZABLE",
+}
+
+
+def _isolation(name: str) -> str:
+    try:
+        return _ISOLATION_LEVELS[name]
+    except KeyError:
+        raise ValueError(
+            f"isolation must be one of {sorted(_ISOLATION_LEVELS)}, not {name!r}"
+        ) from None
 
 
 def _terminate(raw: Any) -> None:

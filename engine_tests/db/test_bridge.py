@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from engine.db.bridge import Connection, connect, create_pool
+from engine.db.bridge import Connection, asyncio_loop, connect, create_pool
 from engine.db.database import Database
 from engine.errors import DatabaseError, LockTimeout, TransactionConflict, UniqueViolation
 
@@ -113,3 +113,50 @@ async def test_a_real_deadlock_is_a_transaction_conflict(db_url: str) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_connection_released_inside_a_transaction_leaves_the_loop_working(
+    pg_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncpg reports such a release to the loop's exception handler. trio-asyncio's default
+    handler would raise the report inside the loop's task nursery, cancelling every socket
+    watcher, and every query still waiting would then wait forever. The loop is this test's
+    own (no ``aio_loop`` fixture), so that bug fails the test at once instead of hanging it."""
+    async with asyncio_loop():
+        pool = await create_pool(pg_admin_url, min_size=2, max_size=2)
+        try:
+            async with pool.acquire() as conn, pool.acquire() as other:
+                await conn.execute("BEGIN")
+                await conn.execute("SELECT 1")
+                await other.execute("SELECT 1")  # a second connection, with a watcher too
+            await trio.sleep(0.1)  # the loop runs what the report scheduled
+            with trio.fail_after(5):
+                async with pool.acquire() as first, pool.acquire() as second:
+                    assert await first.fetchval("SELECT 1") == 1
+                    assert await second.fetchval("SELECT 1") == 1
+                    # asyncpg rolled the transaction back on release, as it reported.
+                    assert not first.raw.is_in_transaction()
+                    assert not second.raw.is_in_transaction()
+        finally:
+            await pool.close()
+    reports = [r for r in caplog.records if getattr(r, "event", None) == "asyncio_error"]
+    assert reports and "active transaction" in reports[0].getMessage()
+
+
+async def test_a_nested_transaction_is_a_savepoint(conn: Connection) -> None:
+    await conn.execute("CREATE TABLE n (v int)")
+    async with conn.transaction():
+        await conn.execute("INSERT INTO n VALUES (1)")
+        with pytest.raises(UniqueViolation):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO n VALUES (2)")
+                await conn.execute("CREATE UNIQUE INDEX ON n (v)")
+                await conn.execute("INSERT INTO n VALUES (1)")
+        await conn.execute("INSERT INTO n VALUES (3)")  # the outer transaction goes on
+        with pytest.raises(ValueError, match="savepoint"):
+            async with conn.transaction("serializable"):
+                pass
+    assert sorted(r[0] for r in await conn.fetch("SELECT v FROM n")) == [1, 3]
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        async with conn.transaction("snapshot"):
+            pass

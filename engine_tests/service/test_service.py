@@ -22,14 +22,6 @@ from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import make_config, request
 from engine_tests.tasks.test_runner import GatedProvider
 
-#: The tests that run whole services in this process go to `nox -s chaos`, not the default
-#: session: now and then (about one run in ten on a loaded machine, rarer on an idle one) a
-#: pooled connection's statement never gets its answer on the client side although the server
-#: shows it finished, and the service's shutdown waits on it forever, because trio-asyncio does
-#: not give up on an asyncio future that never completes. Open bug, see docs/operations.md
-#: "Known limitations"; a hang under pytest-timeout also breaks the tests after it.
-IN_PROCESS_SERVICE_HANG = pytest.mark.chaos
-
 FAST = {
     "worker.refresh_interval": "0.5",
     "recovery.interval": "0.5",
@@ -69,12 +61,26 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 10) -> None:
             await trio.sleep(0.02)
 
 
-@IN_PROCESS_SERVICE_HANG
+class FirstPollHeld(GatedProvider):
+    """Holds the polls of the first task that polls until ``release`` is set; others pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: Any = None
+        self.release = trio.Event()
+
+    async def poll(self, task: Any, upstream_ref: str) -> Any:
+        if self.held is None:
+            self.held = task.id
+        if task.id == self.held:
+            await self.release.wait()
+        return await super().poll(task, upstream_ref)
+
+
 async def test_resize_swaps_generations_and_the_old_ones_long_task_finishes(
     db_url: str,
 ) -> None:
-    provider = GatedProvider()
-    gate = provider.poll_gate = trio.Event()
+    provider = FirstPollHeld()
     async with service(db_url, provider) as (eng, _):
         await eng.set_model("sim-model", concurrency_limit=2)
 
@@ -87,7 +93,11 @@ async def test_resize_swaps_generations_and_the_old_ones_long_task_finishes(
 
         await wait_for(lambda: allocated(2))
         long_id = await eng.submit(request())
-        await wait_for(lambda: _status_is(eng, long_id, "running"))
+
+        async def long_task_polls() -> bool:
+            return bool(provider.held == long_id)
+
+        await wait_for(long_task_polls)  # waiting upstream in the first generation
         first_generation = eng.queue.generations[-1]
         # The limit changes: NOTIFY wakes the refresher, a new generation of 4 starts.
         await eng.set_model("sim-model", concurrency_limit=4)
@@ -95,21 +105,15 @@ async def test_resize_swaps_generations_and_the_old_ones_long_task_finishes(
         await wait_for(lambda: _generation_changed(eng, first_generation))
         assert first_generation in eng.queue.generations  # draining, not cancelled
         # The new generation runs new work while the old one's task is still waiting upstream.
-        provider.poll_gate = None
         quick = await eng.submit(request())
         assert (await eng.wait(quick, timeout=10)).status is TaskStatus.SUCCEEDED
         long_task = await eng.get(long_id)
         assert long_task is not None and long_task.status is TaskStatus.RUNNING
         # The old generation's task finishes normally once the upstream answers.
-        gate.set()
+        provider.release.set()
         done = await eng.wait(long_id, timeout=10)
         assert done.status is TaskStatus.SUCCEEDED and done.attempts == 1
         await wait_for(lambda: _not_running(eng, first_generation))
-
-
-async def _status_is(eng: Engine, task_id: Any, status: str) -> bool:
-    task = await eng.get(task_id)
-    return task is not None and task.status.value == status
 
 
 async def _generation_changed(eng: Engine, old: Any) -> bool:
@@ -120,7 +124,6 @@ async def _not_running(eng: Engine, generation: Any) -> bool:
     return generation not in eng.queue.generations
 
 
-@IN_PROCESS_SERVICE_HANG
 async def test_shutdown_in_the_middle_of_work_hands_tasks_to_another_instance(
     db_url: str,
 ) -> None:
@@ -147,7 +150,6 @@ async def test_shutdown_in_the_middle_of_work_hands_tasks_to_another_instance(
             assert second.submissions == {}
 
 
-@IN_PROCESS_SERVICE_HANG
 async def test_client_only_mode_executes_nothing(db_url: str) -> None:
     async with service(db_url, **{"worker.mode": "client"}) as (client, _):
         await client.set_model("sim-model")
