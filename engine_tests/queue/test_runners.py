@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from engine.queue.executor import Completion
 from engine.queue.job import Job
