@@ -303,8 +303,10 @@ class DatabaseConfig:
     coordination_url: str | None = _setting(
         None,
         "URL for the coordination pool (the reference's `coordinationStore`: capacity, worker "
-        "registry, recovery and admissions); unset means `database.url`. It may be a different "
-        "database (reference-semantics §1).",
+        "registry, recovery and admissions); unset means `database.url`. The reference allows a "
+        "different database (§1); engine does not yet, and refuses at start a URL that reaches "
+        "another database than `database.tasks_url` (a different user or host name for the same "
+        "database is fine).",
         _postgres_url(optional=True),
     )
     queue_url: str | None = _setting(

@@ -4,11 +4,17 @@ The reference keeps three stores (``reference-semantics.md`` §1): tasks (the en
 runs there, so River's tables live in that database), coordination (capacity, registry, recovery,
 admissions) and queue (the pool River's driver uses). Their URLs default to one; roles that share
 a URL share one pool, so connection accounting (the load sampler sums distinct pools) stays right.
+
+The URLs may differ (other users, other settings, a proxy), but today they must reach one
+database: a task and its job are written in one transaction, and finishing a task releases its
+scope slots in the same statement. :func:`open_database` checks that and names the setting to fix,
+instead of letting a role read empty tables.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -17,7 +23,7 @@ import trio
 
 from engine.db.bridge import Pool, asyncio_loop, create_pool
 from engine.db.dsn import redact
-from engine.errors import ConnectionLost
+from engine.errors import ConfigError, ConnectionLost
 
 __all__ = ["Database", "DatabaseUrls", "open_database"]
 
@@ -77,6 +83,8 @@ async def open_database(
     Raises:
         ConnectionLost: the server could not be reached after every attempt; the message names
             the URL (without its password) and the last error.
+        ConfigError: a role's URL reaches another database than the tasks URL (see the module
+            docstring).
     """
     async with asyncio_loop(), AsyncExitStack() as stack:
         pools: dict[str, Pool] = {}
@@ -94,7 +102,51 @@ async def open_database(
             )
             stack.push_async_callback(pool.close)
             pools[url] = pool
+        if len(pools) > 1:
+            await _check_one_database(urls, pools)
         yield Database(urls, pools[urls.tasks], pools[urls.coordination], pools[urls.queue])
+
+
+#: Sessions of the current database showing the probe's application name ($1); every role may
+#: read another session's ``application_name`` and ``datname`` in ``pg_stat_activity``.
+_PROBE_SEEN = (
+    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+    " AND datname = current_database()"
+)
+
+
+async def _check_one_database(urls: DatabaseUrls, pools: dict[str, Pool]) -> None:
+    """Raise :class:`ConfigError` unless every role's pool reaches the tasks pool's database.
+
+    URLs cannot tell (``localhost`` and ``127.0.0.1``, a proxy, another user), so a tasks
+    connection marks itself with a one-off application name for one transaction, and each other
+    pool looks for that session in its own database.
+    """
+    probe = f"engine-probe-{uuid.uuid4().hex}"
+    problems = []
+    async with pools[urls.tasks].transaction() as conn:
+        await conn.execute("SELECT set_config('application_name', $1, true)", probe)
+        for field, url, why in (
+            (
+                "database.queue_url",
+                urls.queue,
+                "a task and its job are written in one transaction",
+            ),
+            (
+                "database.coordination_url",
+                urls.coordination,
+                "engine runs the coordination tables in the tasks database for now "
+                "(docs/operations.md, Known limitations)",
+            ),
+        ):
+            if url != urls.tasks and not await pools[url].fetchval(_PROBE_SEEN, probe):
+                problems.append(
+                    f"{field} ({redact(url)}) reaches another database than the tasks URL "
+                    f"({redact(urls.tasks)}); {why}: point {field} at the same database, or "
+                    f"unset it"
+                )
+    if problems:
+        raise ConfigError(problems)
 
 
 async def _create_with_retry(url: str, *, attempts: int, retry_delay: float, **kw: object) -> Pool:

@@ -35,6 +35,7 @@ from engine.config import EngineConfig
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import redact
 from engine.db.sqlfiles import QUERIES
+from engine.errors import ConfigError
 from engine.load.controller import LoadController, LoadThresholds
 from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
 from engine.metrics import Metrics, MetricsServer
@@ -172,8 +173,8 @@ async def run_service(
             await _serve(config, urls, providers, simulated, status)
             return
         except Exception as exc:
-            if status.started_yet or attempt == attempts:
-                raise
+            if status.started_yet or attempt == attempts or isinstance(_leaf(exc), ConfigError):
+                raise  # a configuration error does not go away by trying again
             log.warning(
                 "service start failed; retrying",
                 extra={
@@ -187,11 +188,17 @@ async def run_service(
         await trio.sleep(config.worker.startup_retry_delay)
 
 
-def _describe(exc: BaseException) -> str:
-    """The error's message, looking through the exception groups nurseries wrap it in."""
+def _leaf(exc: BaseException) -> BaseException:
+    """The error inside the single-error exception groups nurseries wrap it in."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return str(exc) or type(exc).__name__
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    """The error's message, looking through the exception groups nurseries wrap it in."""
+    leaf = _leaf(exc)
+    return str(leaf) or type(leaf).__name__
 
 
 async def _serve(

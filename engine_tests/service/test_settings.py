@@ -17,7 +17,8 @@ import trio
 from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
-from engine.errors import DatabaseError
+from engine.db.resolve import scratch_database
+from engine.errors import ConfigError, DatabaseError
 from engine.load.controller import LoadController
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.queue.job import Job
@@ -311,3 +312,17 @@ async def test_the_service_gives_up_after_startup_attempts(
     # Three attempts: two retries logged, 0.2 s apart; the third attempt's error escaped.
     assert [r.attempt for r in _start_retries(caplog)] == [1, 2]  # type: ignore[attr-defined]
     assert took >= 0.4
+
+
+async def test_a_configuration_error_at_start_is_not_retried(
+    db_url: str, pg_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="engine.service.main")
+    config = make_config(**FAST, **{"worker.startup_attempts": "3"})
+    async with scratch_database(pg_admin_url, "engine_other_") as other:
+        urls = DatabaseUrls(tasks=db_url, coordination=other, queue=db_url)
+        with trio.fail_after(20), pytest.raises(BaseException) as raised:
+            await run_service(config, urls)
+    errors = [e for e in _leaves(raised.value) if isinstance(e, ConfigError)]
+    assert len(errors) == 1 and "database.coordination_url" in str(errors[0])
+    assert _start_retries(caplog) == []
