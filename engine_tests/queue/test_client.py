@@ -163,6 +163,13 @@ async def test_remote_cancel_of_running_job(setup: tuple[QueueClient, Recorder])
     await client.cancel(result.job.id)
     job = await wait_state(client, result.job.id, JobState.CANCELLED)
     assert job.metadata.get("cancel_attempted_at")
+    # The generation's runners go on running jobs after the cancel, and no cancel scope is left
+    # registered for a job that no longer runs.
+    generation = client.generations[-1]
+    after = [await client.insert(Echo(n)) for n in range(8)]
+    for r in after:
+        await wait_state(client, r.job.id, JobState.COMPLETED)
+    assert client.cancel_scopes == {} and generation.running == 0
 
 
 async def test_cancel_of_waiting_job_is_immediate(setup: tuple[QueueClient, Recorder]) -> None:
