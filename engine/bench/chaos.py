@@ -1060,8 +1060,8 @@ def _executions(rows: Sequence[Record], measured_until: datetime) -> list[_Execu
 #: How long an excess seen in the task events may last and still be the events' own
 #: over-cover at a hand-over (see the module docstring): the next task's ``task.started`` is
 #: stamped before its admission, the previous task's final event after its release commits, and
-#: the two run in different trio tasks. Measured hand-over overlaps are under 5 ms; a task that
-#: ran without its slot would overlap for a large part of its ~0.85 s run.
+#: the two run in different trio tasks. The hand-over excesses seen so far lasted under a
+#: millisecond; a task that ran without its slot would overlap for most of its ~0.85 s run.
 _BOUNDARY_SLACK = 0.05
 
 

@@ -23,6 +23,7 @@ import trio
 
 from engine.db.bridge import Pool, asyncio_loop, create_pool
 from engine.db.dsn import redact
+from engine.db.sqlfiles import QUERIES
 from engine.errors import ConfigError, ConnectionLost
 
 __all__ = ["Database", "DatabaseUrls", "open_database"]
@@ -107,12 +108,8 @@ async def open_database(
         yield Database(urls, pools[urls.tasks], pools[urls.coordination], pools[urls.queue])
 
 
-#: Sessions of the current database showing the probe's application name ($1); every role may
-#: read another session's ``application_name`` and ``datname`` in ``pg_stat_activity``.
-_PROBE_SEEN = (
-    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
-    " AND datname = current_database()"
-)
+_MARK = QUERIES["session_mark_for_transaction"]
+_COUNT_MARKED = QUERIES["session_count_marked"]
 
 
 async def _check_one_database(urls: DatabaseUrls, pools: dict[str, Pool]) -> None:
@@ -125,7 +122,7 @@ async def _check_one_database(urls: DatabaseUrls, pools: dict[str, Pool]) -> Non
     probe = f"engine-probe-{uuid.uuid4().hex}"
     problems = []
     async with pools[urls.tasks].transaction() as conn:
-        await conn.execute("SELECT set_config('application_name', $1, true)", probe)
+        await conn.execute(_MARK, probe)
         for field, url, why in (
             (
                 "database.queue_url",
@@ -139,7 +136,7 @@ async def _check_one_database(urls: DatabaseUrls, pools: dict[str, Pool]) -> Non
                 "(docs/operations.md, Known limitations)",
             ),
         ):
-            if url != urls.tasks and not await pools[url].fetchval(_PROBE_SEEN, probe):
+            if url != urls.tasks and not await pools[url].fetchval(_COUNT_MARKED, probe):
                 problems.append(
                     f"{field} ({redact(url)}) reaches another database than the tasks URL "
                     f"({redact(urls.tasks)}); {why}: point {field} at the same database, or "
