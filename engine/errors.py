@@ -27,6 +27,8 @@ peer or database failure raises a :class:`DatabaseError` (trio's Closed vs Broke
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 __all__ = [
     "ConfigError",
     "ConnectionLost",
@@ -45,6 +47,7 @@ __all__ = [
     "TransactionConflict",
     "UniqueViolation",
     "UnknownQuery",
+    "leaves",
 ]
 
 
@@ -136,3 +139,13 @@ class LeaseUnavailable(TaskError):
 
 class ManualReview(TaskError):
     """The task was submitted upstream with no recorded outcome; it needs manual review."""
+
+
+def leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside ``exc``, with every (nested) exception group flattened: what a
+    nursery raised, as the errors its tasks raised."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from leaves(inner)
+    else:
+        yield exc

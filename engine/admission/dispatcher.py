@@ -27,7 +27,7 @@ from engine.db.database import Database
 from engine.db.listen import Listener
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
-from engine.queue.insert import InsertNotify, insert_tx, prepare
+from engine.queue.insert import insert_tx, prepare
 from engine.tasks.runner import TaskRunArgs
 from engine.tasks.submit import task_insert_opts
 
@@ -64,13 +64,13 @@ class Dispatcher:
         self,
         config: EngineConfig,
         db: Database,
-        notify: InsertNotify | None = None,
+        notify_channel: str | None = None,
         *,
         batch: int = 1000,
     ) -> None:
         self.config = config
         self.db = db
-        self.notify = notify
+        self.notify_channel = notify_channel
         self.batch = batch
         self.rounds = 0
         self.admitted = 0
@@ -116,7 +116,7 @@ class Dispatcher:
                 )
                 for task_id in chosen
             ]
-            jobs = await insert_tx(conn, params, self.notify)
+            jobs = await insert_tx(conn, params, self.notify_channel)
             await conn.execute(_SET_JOB, chosen, [j.job.id for j in jobs])
         self.admitted += len(chosen)
         return DispatchReport(len(chosen), len(waiting) - len(chosen))

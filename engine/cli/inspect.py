@@ -606,7 +606,7 @@ async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
                 raise TaskNotFound(f"no task {task_id}")
             raise TaskError(_not_retryable(task_id, TaskStatus(current["status"])))
         params = prepare(TaskRunArgs(str(task_id)), task_insert_opts(queue), kind=queue.job_kind)
-        (inserted,) = await insert_tx(conn, [params], eng.queue.insert_notify)
+        (inserted,) = await insert_tx(conn, [params], eng.queue.channels.insert)
         if inserted.skipped and inserted.job.state is JobState.RUNNING:
             # Its previous job is still finishing: that run would not pick the task up again.
             raise TaskError(

@@ -58,7 +58,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -78,7 +78,7 @@ from engine.db.resolve import (
     migrate_databases,
     open_urls,
 )
-from engine.errors import ConfigError, EngineError
+from engine.errors import ConfigError, EngineError, leaves
 from engine.logs import configure_logging
 from engine.service.main import run_service
 
@@ -437,30 +437,21 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
 # Errors
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    """The exceptions inside ``exc``, with every (nested) exception group flattened."""
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
-
-
 def _report_failure(exc: BaseException) -> int:
     """Print ``exc`` for the user and return the exit status."""
-    leaves = list(_leaves(exc))
     # Cancelled only travels next to the error that caused the cancellation.
-    leaves = [e for e in leaves if not isinstance(e, trio.Cancelled)] or leaves
-    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+    found = list(leaves(exc))
+    found = [e for e in found if not isinstance(e, trio.Cancelled)] or found
+    if any(isinstance(e, KeyboardInterrupt) for e in found):
         return EXIT_INTERRUPTED
-    for leaf in leaves:
+    for leaf in found:
         if isinstance(leaf, SystemExit):
             return leaf.code if isinstance(leaf.code, int) else EXIT_ERROR
-    if all(isinstance(e, EngineError) for e in leaves):
-        messages = list(dict.fromkeys(str(e) for e in leaves))
+    if all(isinstance(e, EngineError) for e in found):
+        messages = list(dict.fromkeys(str(e) for e in found))
         for message in messages:
             print(f"engine: error: {message}", file=sys.stderr)
-        return EXIT_USAGE if all(isinstance(e, ConfigError) for e in leaves) else EXIT_ERROR
+        return EXIT_USAGE if all(isinstance(e, ConfigError) for e in found) else EXIT_ERROR
     print("engine: unexpected error:", file=sys.stderr)
     traceback.print_exception(exc)
     return EXIT_ERROR

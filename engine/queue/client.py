@@ -37,10 +37,10 @@ from engine.db.sqlfiles import QUERIES
 from engine.queue.completer import Completer, CompleterConfig
 from engine.queue.elector import Elector, ElectorConfig
 from engine.queue.generation import Generation, GenerationConfig
-from engine.queue.insert import InsertNotify, InsertParams, insert, insert_many, insert_tx, prepare
+from engine.queue.insert import InsertParams, insert, insert_many, insert_tx, prepare
 from engine.queue.job import InsertOpts, InsertResult, Job
 from engine.queue.maintenance import CleanerConfig, JobCleaner, JobScheduler, SchedulerConfig
-from engine.queue.notifier import Channels, Notifier
+from engine.queue.notifier import Channels, Notifier, notify_queues
 from engine.queue.slots import SlotPool
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
@@ -90,7 +90,6 @@ class QueueClient:
         self.notifier = notifier
         self.completer = completer
         self.slots = slots
-        self.insert_notify = InsertNotify(channels.insert)
         self.cancel_scopes: dict[int, trio.CancelScope] = {}
         self.generations: list[Generation] = []
         self.elector: Elector | None = None
@@ -109,7 +108,7 @@ class QueueClient:
         ``kind=`` given. Without ``opts.max_attempts`` the job gets
         ``queue.default_max_attempts``.
         """
-        return await insert(self.db.queue, self._prepare(args, opts, kind), self.insert_notify)
+        return await insert(self.db.queue, self._prepare(args, opts, kind), self.channels.insert)
 
     async def insert_tx(
         self,
@@ -121,7 +120,7 @@ class QueueClient:
     ) -> InsertResult:
         """Insert inside the caller's transaction on ``conn``: visible at commit, gone on
         rollback."""
-        (result,) = await insert_tx(conn, [self._prepare(args, opts, kind)], self.insert_notify)
+        (result,) = await insert_tx(conn, [self._prepare(args, opts, kind)], self.channels.insert)
         return result
 
     async def insert_many(
@@ -134,7 +133,7 @@ class QueueClient:
                 params.append(self._prepare(item[0], item[1]))
             else:
                 params.append(self._prepare(item))
-        return await insert_many(self.db.queue, params, self.insert_notify)
+        return await insert_many(self.db.queue, params, self.channels.insert)
 
     def _prepare(
         self, args: Any, opts: InsertOpts | None = None, kind: str | None = None
@@ -184,9 +183,7 @@ class QueueClient:
         if row is None:
             return None
         job = Job.from_record(row)
-        await self.db.queue.execute(
-            "SELECT pg_notify($1, $2)", self.channels.insert, json.dumps({"queue": job.queue})
-        )
+        await notify_queues(self.db.queue, self.channels.insert, [job.queue])
         return job
 
     async def pause(self, queue: str) -> None:

@@ -26,6 +26,7 @@ from engine.db.bridge import Connection, Pool, Record
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.queue.executor import Completion
+from engine.queue.notifier import notify_queues
 from engine.queue.states import JobState
 
 __all__ = ["Completer", "CompleterConfig", "write_completions"]
@@ -264,11 +265,9 @@ async def write_completions(
             )
         )
     if notify_channel is not None and others:
-        queues = {r["queue"] for r in rows if r.get("state") == JobState.AVAILABLE.value}
-        for queue in queues:
-            await conn.execute(
-                "SELECT pg_notify($1, $2)",
-                notify_channel,
-                json.dumps({"queue": queue}, separators=(",", ":")),
-            )
+        await notify_queues(
+            conn,
+            notify_channel,
+            (r["queue"] for r in rows if r.get("state") == JobState.AVAILABLE.value),
+        )
     return rows

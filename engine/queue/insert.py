@@ -17,7 +17,7 @@ insert runs on whatever connection it is given (:func:`insert_tx`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,12 +33,12 @@ from engine.queue.job import (
     args_to_dict,
     unique_arg_names,
 )
+from engine.queue.notifier import insert_payload
 from engine.queue.states import JobState
 from engine.queue.unique import unique_key
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
-    "InsertNotify",
     "InsertParams",
     "insert",
     "insert_many",
@@ -126,23 +126,12 @@ def prepare(
     )
 
 
-class InsertNotify:
-    """Where inserts announce available jobs: one payload per queue of each statement."""
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-
-    def payloads(self, queues: Iterable[str]) -> list[str]:
-        """The NOTIFY payloads for inserts into ``queues``, one per distinct queue."""
-        return [json.dumps({"queue": q}, separators=(",", ":")) for q in dict.fromkeys(queues)]
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
 async def _insert_chunk(
-    conn: Connection, chunk: Sequence[InsertParams], notify: InsertNotify | None
+    conn: Connection, chunk: Sequence[InsertParams], notify_channel: str | None
 ) -> list[InsertResult]:
     # Two rows with one live unique key in one statement would make ON CONFLICT touch a row
     # twice (an error); send the first and answer the rest with its result, flagged skipped.
@@ -158,7 +147,9 @@ async def _insert_chunk(
         slot.append((len(send), False))
         send.append(p)
     available = [p.queue for p in send if p.state is JobState.AVAILABLE]
-    payloads = notify.payloads(available) if notify is not None and available else []
+    payloads = (
+        [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel is not None else []
+    )
     rows = await conn.fetch(
         _INSERT_MANY,
         [p.kind for p in send],
@@ -172,7 +163,7 @@ async def _insert_chunk(
         [_dumps(dict(p.metadata)) for p in send],
         [p.unique_key for p in send],
         [p.unique_states for p in send],
-        notify.channel if notify is not None else "",
+        notify_channel or "",
         payloads,
     )
     # RETURNING yields rows in the order INSERT ... SELECT ... ORDER BY produced them.
@@ -183,33 +174,34 @@ async def _insert_chunk(
 async def insert_tx(
     conn: Connection,
     params: Sequence[InsertParams],
-    notify: InsertNotify | None = None,
+    notify_channel: str | None = None,
 ) -> list[InsertResult]:
-    """Insert on ``conn``, inside whatever transaction the caller holds.
+    """Insert on ``conn``, inside whatever transaction the caller holds; available jobs are
+    announced on ``notify_channel`` (the insert channel; None announces nothing).
 
     The jobs become visible when that transaction commits and are gone if it rolls back.
     """
     out: list[InsertResult] = []
     for start in range(0, len(params), CHUNK):
-        out.extend(await _insert_chunk(conn, params[start : start + CHUNK], notify))
+        out.extend(await _insert_chunk(conn, params[start : start + CHUNK], notify_channel))
     return out
 
 
 async def insert_many(
-    pool: Pool, params: Sequence[InsertParams], notify: InsertNotify | None = None
+    pool: Pool, params: Sequence[InsertParams], notify_channel: str | None = None
 ) -> list[InsertResult]:
     """Insert many jobs in one transaction (one statement per :data:`CHUNK` rows)."""
     if len(params) <= CHUNK:
         async with pool.acquire() as conn:
-            return await _insert_chunk(conn, params, notify)
+            return await _insert_chunk(conn, params, notify_channel)
     async with pool.transaction() as conn:
-        return await insert_tx(conn, params, notify)
+        return await insert_tx(conn, params, notify_channel)
 
 
 async def insert(
-    pool: Pool, params: InsertParams, notify: InsertNotify | None = None
+    pool: Pool, params: InsertParams, notify_channel: str | None = None
 ) -> InsertResult:
     """Insert one job in its own (implicit) transaction: one round trip."""
     async with pool.acquire() as conn:
-        (result,) = await _insert_chunk(conn, [params], notify)
+        (result,) = await _insert_chunk(conn, [params], notify_channel)
     return result

@@ -6,7 +6,6 @@ and the loop goes on; each pass works in batches until a batch comes back short.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from datetime import UTC, datetime, timedelta
@@ -17,6 +16,7 @@ import trio
 from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.queue.notifier import notify_queues
 
 __all__ = ["CleanerConfig", "JobCleaner", "JobScheduler", "SchedulerConfig"]
 
@@ -54,12 +54,7 @@ class JobScheduler:
                     for r in rows
                     if r["state"] == "available" and r["scheduled_at"] <= horizon
                 }
-                for queue in due_queues:
-                    await conn.execute(
-                        "SELECT pg_notify($1, $2)",
-                        self.insert_channel,
-                        json.dumps({"queue": queue}, separators=(",", ":")),
-                    )
+                await notify_queues(conn, self.insert_channel, due_queues)
             available += sum(1 for r in rows if r["state"] == "available")
             discarded += sum(1 for r in rows if r["state"] == "discarded")
             if len(rows) < self.config.batch_size:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import attrs
 import trio
 
+from engine.db.bridge import Connection, Pool
 from engine.db.listen import RESYNC, Listener
+from engine.db.sqlfiles import QUERIES
 
-__all__ = ["Channels", "Notifier", "Wakeup"]
+__all__ = ["Channels", "Notifier", "Wakeup", "insert_payload", "notify_queues"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,22 @@ class Channels:
         return cls(
             f"{schema}.river_insert", f"{schema}.river_control", f"{schema}.river_leadership"
         )
+
+
+_NOTIFY_MANY = QUERIES["queue_notify_many"]
+
+
+def insert_payload(queue: str) -> str:
+    """The payload of an insert-channel NOTIFY that wakes the producers of ``queue`` (River's
+    ``{"queue": ...}``)."""
+    return json.dumps({"queue": queue}, separators=(",", ":"))
+
+
+async def notify_queues(db: Connection | Pool, channel: str, queues: Iterable[str]) -> None:
+    """Wake the producers of ``queues`` in every process, in one statement (none if empty)."""
+    payloads = [insert_payload(q) for q in dict.fromkeys(queues)]
+    if payloads:
+        await db.execute(_NOTIFY_MANY, channel, payloads)
 
 
 class Wakeup:

@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
-from engine.queue.insert import InsertNotify, insert_tx, prepare
+from engine.queue.insert import insert_tx, prepare
 from engine.tasks.runner import TaskRunArgs
 from engine.tasks.submit import task_insert_opts
 
@@ -54,7 +54,7 @@ class Rescuer:
         config: EngineConfig,
         db: Database,
         instance_id: str,
-        notify: InsertNotify | None = None,
+        notify_channel: str | None = None,
         *,
         client_mode: bool = False,
         on_report: Callable[[RecoveryReport], None] | None = None,
@@ -62,7 +62,7 @@ class Rescuer:
         self.config = config
         self.db = db
         self.instance_id = instance_id
-        self.notify = notify
+        self.notify_channel = notify_channel
         self.client_mode = client_mode
         self.on_report = on_report
         self.rounds = 0
@@ -137,7 +137,7 @@ class Rescuer:
                 )
                 for r in rows
             ]
-            results = await insert_tx(conn, params, self.notify)
+            results = await insert_tx(conn, params, self.notify_channel)
             await conn.execute(_SET_JOB, [r["id"] for r in rows], [j.job.id for j in results])
         return len(rows)
 

@@ -128,7 +128,7 @@ class Engine:
             queue=self.config.queue,
             max_payload_bytes=self.config.tasks.max_payload_bytes,
             instance_id=self.instance_id,
-            notify=self.queue.insert_notify,
+            notify_channel=self.queue.channels.insert,
             # A separate catalogue pool only when it is another database: asking the same pool
             # for a second connection while holding one can exhaust it under load.
             catalog=None if self.db.coordination is self.db.tasks else self.db.coordination,

@@ -35,7 +35,7 @@ from engine.config import EngineConfig
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import redact
 from engine.db.sqlfiles import QUERIES
-from engine.errors import ConfigError
+from engine.errors import ConfigError, leaves
 from engine.load.controller import LoadController, LoadThresholds
 from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
 from engine.metrics import Metrics, MetricsServer
@@ -173,7 +173,11 @@ async def run_service(
             await _serve(config, urls, providers, simulated, status)
             return
         except Exception as exc:
-            if status.started_yet or attempt == attempts or isinstance(_leaf(exc), ConfigError):
+            if (
+                status.started_yet
+                or attempt == attempts
+                or all(isinstance(e, ConfigError) for e in leaves(exc))
+            ):
                 raise  # a configuration error does not go away by trying again
             log.warning(
                 "service start failed; retrying",
@@ -188,16 +192,10 @@ async def run_service(
         await trio.sleep(config.worker.startup_retry_delay)
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    """The error inside the single-error exception groups nurseries wrap it in."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def _describe(exc: BaseException) -> str:
     """The error's message, looking through the exception groups nurseries wrap it in."""
-    leaf = _leaf(exc)
+    found = list(leaves(exc))
+    leaf = found[0] if len(found) == 1 else exc
     return str(leaf) or type(leaf).__name__
 
 
@@ -263,12 +261,12 @@ async def _serve(
                 config,
                 eng.db,
                 eng.instance_id,
-                eng.queue.insert_notify,
+                eng.queue.channels.insert,
                 client_mode=not worker,
                 on_report=lambda r: _count_recovery(metrics, r),
             )
             await root.start(supervise, "recovery", rescuer.run)
-            dispatcher = Dispatcher(config, eng.db, eng.queue.insert_notify)
+            dispatcher = Dispatcher(config, eng.db, eng.queue.channels.insert)
             await root.start(supervise, "admission", dispatcher.run)
             if worker:
                 refresher = CapacityRefresher(

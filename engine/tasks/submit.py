@@ -15,7 +15,7 @@ from engine.config import QueueConfig
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import InvalidTask
-from engine.queue.insert import InsertNotify, insert_tx, prepare
+from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import InsertOpts
 from engine.queue.states import GATEWAY_UNIQUE_STATES
 from engine.queue.unique import UniqueOpts
@@ -97,7 +97,7 @@ async def submit_tasks(
     queue: QueueConfig,
     max_payload_bytes: int,
     instance_id: str,
-    notify: InsertNotify | None = None,
+    notify_channel: str | None = None,
     catalog: Pool | None = None,
 ) -> None:
     """Validate, then store ``requests`` and their jobs on ``conn`` inside a transaction the
@@ -110,7 +110,7 @@ async def submit_tasks(
         prepare(TaskRunArgs(str(r.id)), task_insert_opts(queue, r.run_at), kind=queue.job_kind)
         for r in requests
     ]
-    jobs = await insert_tx(conn, params, notify)
+    jobs = await insert_tx(conn, params, notify_channel)
     await conn.execute(
         _INSERT,
         [r.id for r in requests],

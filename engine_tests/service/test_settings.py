@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -18,26 +17,16 @@ from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
 from engine.db.resolve import scratch_database
-from engine.errors import ConfigError, DatabaseError
+from engine.errors import ConfigError, DatabaseError, leaves
 from engine.load.controller import LoadController
 from engine.load.retry_delay import worker_load_retry_delay
-from engine.queue.job import Job
 from engine.queue.states import JobState
 from engine.service.engine import Engine, open_engine
 from engine.service.main import run_service
 from engine.tasks.models import TaskStatus
 from engine_tests.service.test_service import FAST
 from engine_tests.tasks.conftest import make_config, request
-from engine_tests.tasks.test_runner import GatedProvider
-
-
-async def _job(eng: Engine, task_id: uuid.UUID) -> Job:
-    task = await eng.get(task_id)
-    assert task is not None and task.river_job_id is not None
-    job = await eng.queue.get(task.river_job_id)
-    assert job is not None
-    return job
-
+from engine_tests.tasks.test_runner import GatedProvider, job_of
 
 # ---- load.retry_base / load.retry_spread_ms ---------------------------------------------------
 
@@ -55,7 +44,7 @@ async def test_load_retry_settings_set_the_snooze_of_a_refused_run(db_url: str) 
         await eng.set_model("sim-model")
         task_id = await eng.submit(request())
         with trio.fail_after(10):
-            while (job := await _job(eng, task_id)).metadata.get("snoozes") != 1:
+            while (job := await job_of(eng, task_id)).metadata.get("snoozes") != 1:
                 await trio.sleep(0.01)
         expected = worker_load_retry_delay(str(task_id), base=20.0, spread_ms=1000)
         assert 20.0 <= expected < 21.0
@@ -78,7 +67,7 @@ async def test_task_jobs_keep_their_attempts_whatever_the_default(db_url: str) -
         config, urls=DatabaseUrls.single(db_url), simulated=GatedProvider(), execute=False
     ) as eng:
         await eng.set_model("sim-model")
-        task_job = await _job(eng, await eng.submit(request()))
+        task_job = await job_of(eng, await eng.submit(request()))
         assert task_job.max_attempts == 1000  # queue.insert_max_attempts (§5.1)
         other = await eng.queue.insert({"x": 1}, kind="something_else")
         assert other.job.max_attempts == 3
@@ -98,7 +87,7 @@ async def test_job_timeout_cuts_a_task_run_which_is_requeued_and_resumes(db_url:
         task_id = await eng.submit(request())
         # The run submits upstream, then waits in poll until the job's deadline cuts it.
         with trio.fail_after(10):
-            while not (job := await _job(eng, task_id)).errors:
+            while not (job := await job_of(eng, task_id)).errors:
                 await trio.sleep(0.01)
         assert job.errors[0]["error"] == "job timed out after 0.5 s"
         assert job.errors[0]["attempt"] == 1
@@ -107,7 +96,7 @@ async def test_job_timeout_cuts_a_task_run_which_is_requeued_and_resumes(db_url:
         assert task.status is TaskStatus.SUCCEEDED
         # The retry resumed polling the first submission: upstream saw one request.
         assert sum(provider.submissions.values()) == 1
-        job = await _job(eng, task_id)
+        job = await job_of(eng, task_id)
         assert job.attempt == 2 and len(job.errors) == 1
         events = [e.type for e in await eng.events(task_id)]
         assert "task.requeued" in events
@@ -230,14 +219,6 @@ async def test_enqueue_rollback_timeout_bounds_a_failed_submits_rollback(db_url:
 # ---- worker.startup_attempts / worker.startup_retry_delay ------------------------------------
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
-
-
 def _start_retries(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "event", None) == "service_start_retry"]
 
@@ -307,7 +288,7 @@ async def test_the_service_gives_up_after_startup_attempts(
     with trio.fail_after(20), pytest.raises(BaseException) as raised:
         await run_service(config, DatabaseUrls.single(url))
     took = trio.current_time() - started
-    errors = [e for e in _leaves(raised.value) if isinstance(e, DatabaseError)]
+    errors = [e for e in leaves(raised.value) if isinstance(e, DatabaseError)]
     assert len(errors) == 1 and "does not exist" in str(errors[0])
     # Three attempts: two retries logged, 0.2 s apart; the third attempt's error escaped.
     assert [r.attempt for r in _start_retries(caplog)] == [1, 2]  # type: ignore[attr-defined]
@@ -323,6 +304,6 @@ async def test_a_configuration_error_at_start_is_not_retried(
         urls = DatabaseUrls(tasks=db_url, coordination=other, queue=db_url)
         with trio.fail_after(20), pytest.raises(BaseException) as raised:
             await run_service(config, urls)
-    errors = [e for e in _leaves(raised.value) if isinstance(e, ConfigError)]
+    errors = [e for e in leaves(raised.value) if isinstance(e, ConfigError)]
     assert len(errors) == 1 and "database.coordination_url" in str(errors[0])
     assert _start_retries(caplog) == []

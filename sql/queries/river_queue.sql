@@ -30,3 +30,8 @@ FROM q;
 -- name: queue_list
 -- Every queue with its pause state.
 SELECT name, paused_at, created_at, updated_at FROM river_queue ORDER BY name;
+
+-- name: queue_notify_many
+-- Wake the producers of some queues in every process: one NOTIFY per payload. $1 the insert
+-- channel, $2 payloads (engine.queue.notifier.insert_payload).
+SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload;
