@@ -169,7 +169,12 @@ async def test_remote_cancel_of_running_job(setup: tuple[QueueClient, Recorder])
     after = [await client.insert(Echo(n)) for n in range(8)]
     for r in after:
         await wait_state(client, r.job.id, JobState.COMPLETED)
-    assert client.cancel_scopes == {} and generation.running == 0
+    assert client.cancel_scopes == {}
+    # Every slot comes back. A producer's idle poll reserves its free slots for the claim's round
+    # trip, so ``running`` may be briefly non-zero; a leaked slot would keep it so forever.
+    with trio.fail_after(5):
+        while generation.running:
+            await trio.sleep(0.01)
 
 
 async def test_cancel_of_waiting_job_is_immediate(setup: tuple[QueueClient, Recorder]) -> None:
