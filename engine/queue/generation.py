@@ -89,7 +89,7 @@ class Generation:
 
     @property
     def running(self) -> int:
-        """Jobs of this generation running now."""
+        """Slots this generation holds: running jobs, plus those reserved by a claim in flight."""
         return sum(p.running for p in self.producers)
 
     def stop(self, reason: str = "stop") -> None:
