@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import trio
 
@@ -122,6 +124,10 @@ async def test_a_connection_released_inside_a_transaction_leaves_the_loop_workin
     handler would raise the report inside the loop's task nursery, cancelling every socket
     watcher, and every query still waiting would then wait forever. The loop is this test's
     own (no ``aio_loop`` fixture), so that bug fails the test at once instead of hanging it."""
+
+    def reports() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", None) == "asyncio_error"]
+
     async with asyncio_loop():
         pool = await create_pool(pg_admin_url, min_size=2, max_size=2)
         try:
@@ -129,8 +135,9 @@ async def test_a_connection_released_inside_a_transaction_leaves_the_loop_workin
                 await conn.execute("BEGIN")
                 await conn.execute("SELECT 1")
                 await other.execute("SELECT 1")  # a second connection, with a watcher too
-            await trio.sleep(0.1)  # the loop runs what the report scheduled
             with trio.fail_after(5):
+                while not reports():  # the report, handled, and whatever it scheduled has run
+                    await trio.sleep(0.01)
                 async with pool.acquire() as first, pool.acquire() as second:
                     assert await first.fetchval("SELECT 1") == 1
                     assert await second.fetchval("SELECT 1") == 1
@@ -139,8 +146,7 @@ async def test_a_connection_released_inside_a_transaction_leaves_the_loop_workin
                     assert not second.raw.is_in_transaction()
         finally:
             await pool.close()
-    reports = [r for r in caplog.records if getattr(r, "event", None) == "asyncio_error"]
-    assert reports and "active transaction" in reports[0].getMessage()
+    assert "active transaction" in reports()[0].getMessage()
 
 
 async def test_a_nested_transaction_is_a_savepoint(conn: Connection) -> None:
