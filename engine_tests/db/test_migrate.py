@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from engine.db.bridge import connect
+from engine.db.bridge import Connection, connect
 from engine.db.migrate import migrate, pending_migrations
 from engine.db.resolve import scratch_database
 from engine.db.sqlfiles import load_migrations
@@ -20,18 +20,32 @@ async def empty_url(pg_admin_url: str, aio_loop: None) -> AsyncIterator[str]:
         yield url
 
 
-async def test_migrate_applies_everything_once_then_nothing(empty_url: str) -> None:
+@pytest.fixture
+async def empty(empty_url: str) -> AsyncIterator[Connection]:
+    """A connection to the empty database."""
     conn = await connect(empty_url)
     try:
-        assert len(await pending_migrations(conn)) == len(load_migrations())
-        first = await migrate(conn)
-        assert first.applied == tuple(m.version for m in load_migrations())
-        second = await migrate(conn)
-        assert second.applied == ()
-        assert second.already == first.applied
-        assert await pending_migrations(conn) == []
+        yield conn
     finally:
         await conn.close()
+
+
+async def _river_migrated_to(conn: Connection, version: int) -> None:
+    """What River's own migrator leaves behind, reduced to what the check looks at."""
+    await conn.execute(
+        "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz)"
+    )
+    await conn.execute("INSERT INTO river_migration VALUES ('main', $1, now())", version)
+
+
+async def test_migrate_applies_everything_once_then_nothing(empty: Connection) -> None:
+    assert len(await pending_migrations(empty)) == len(load_migrations())
+    first = await migrate(empty)
+    assert first.applied == tuple(m.version for m in load_migrations())
+    second = await migrate(empty)
+    assert second.applied == ()
+    assert second.already == first.applied
+    assert await pending_migrations(empty) == []
 
 
 async def test_three_concurrent_migrators_apply_each_migration_once(empty_url: str) -> None:
@@ -58,54 +72,30 @@ async def test_three_concurrent_migrators_apply_each_migration_once(empty_url: s
         await conn.close()
 
 
-async def test_existing_river_schema_is_used_as_is(empty_url: str) -> None:
-    conn = await connect(empty_url)
-    try:
-        # What River's own migrator leaves behind, reduced to what the check looks at.
-        await conn.execute(
-            "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz);"
-            "INSERT INTO river_migration VALUES ('main', 6, now())"
-        )
-        report = await migrate(conn)
-        assert 1 in report.skipped
-        assert await conn.fetchval("SELECT to_regclass('river_job') IS NULL")
-    finally:
-        await conn.close()
+async def test_existing_river_schema_is_used_as_is(empty: Connection) -> None:
+    await _river_migrated_to(empty, 6)
+    report = await migrate(empty)
+    assert 1 in report.skipped
+    assert await empty.fetchval("SELECT to_regclass('river_job') IS NULL")
 
 
-async def test_rivers_own_indexes_are_left_alone(empty_url: str) -> None:
-    conn = await connect(empty_url)
-    try:
-        await conn.execute(
-            "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz);"
-            "INSERT INTO river_migration VALUES ('main', 6, now());"
-            "CREATE TABLE river_job (id bigserial PRIMARY KEY, kind text NOT NULL);"
-            "CREATE INDEX river_job_kind ON river_job (kind)"
-        )
-        await migrate(conn)
-        assert await conn.fetchval("SELECT to_regclass('river_job_kind') IS NOT NULL")
-    finally:
-        await conn.close()
+async def test_rivers_own_indexes_are_left_alone(empty: Connection) -> None:
+    await _river_migrated_to(empty, 6)
+    await empty.execute(
+        "CREATE TABLE river_job (id bigserial PRIMARY KEY, kind text NOT NULL);"
+        "CREATE INDEX river_job_kind ON river_job (kind)"
+    )
+    await migrate(empty)
+    assert await empty.fetchval("SELECT to_regclass('river_job_kind') IS NOT NULL")
 
 
-async def test_the_schema_engine_creates_has_no_kind_index(empty_url: str) -> None:
-    conn = await connect(empty_url)
-    try:
-        await migrate(conn)
-        assert await conn.fetchval("SELECT to_regclass('river_job_kind') IS NULL")
-        assert await conn.fetchval("SELECT to_regclass('river_job_pkey') IS NOT NULL")
-    finally:
-        await conn.close()
+async def test_the_schema_engine_creates_has_no_kind_index(empty: Connection) -> None:
+    await migrate(empty)
+    assert await empty.fetchval("SELECT to_regclass('river_job_kind') IS NULL")
+    assert await empty.fetchval("SELECT to_regclass('river_job_pkey') IS NOT NULL")
 
 
-async def test_old_river_schema_is_refused_with_a_clear_error(empty_url: str) -> None:
-    conn = await connect(empty_url)
-    try:
-        await conn.execute(
-            "CREATE TABLE river_migration (line text, version bigint, created_at timestamptz);"
-            "INSERT INTO river_migration VALUES ('main', 4, now())"
-        )
-        with pytest.raises(MigrationError, match=r"River's schema at version 4.*version 6"):
-            await migrate(conn)
-    finally:
-        await conn.close()
+async def test_old_river_schema_is_refused_with_a_clear_error(empty: Connection) -> None:
+    await _river_migrated_to(empty, 4)
+    with pytest.raises(MigrationError, match=r"River's schema at version 4.*version 6"):
+        await migrate(empty)

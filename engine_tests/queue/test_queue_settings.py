@@ -29,18 +29,6 @@ class Hang:
     n: int
 
 
-@attrs.frozen
-class HangOwnTimeout:
-    kind: ClassVar[str] = "hangs_own_timeout"
-    n: int
-
-
-@attrs.frozen
-class HangNoTimeout:
-    kind: ClassVar[str] = "hangs_no_timeout"
-    n: int
-
-
 async def _fail(job: Job, args: Fail) -> None:
     raise RuntimeError("boom")
 
@@ -92,15 +80,15 @@ async def test_job_timeout_is_the_deadline_of_kinds_without_their_own(database: 
 
     workers = Workers()
     workers.register(Hang, hang)
-    workers.register(HangOwnTimeout, hang, timeout=0.1)
-    workers.register(HangNoTimeout, hang, timeout=math.inf)
+    workers.register(dict, hang, kind="hangs_own_timeout", timeout=0.1)
+    workers.register(dict, hang, kind="hangs_no_timeout", timeout=math.inf)
     config = fast(job_timeout=0.3)
     async with open_queue(database, config, workers=workers, stop_timeout=2) as client:
         await client.start_generation({"default": 4})
         opts = InsertOpts(max_attempts=1)
         inherited = await client.insert(Hang(1), opts)
-        own = await client.insert(HangOwnTimeout(1), opts)
-        opted_out = await client.insert(HangNoTimeout(1), opts)
+        own = await client.insert({"n": 1}, opts, kind="hangs_own_timeout")
+        opted_out = await client.insert({"n": 1}, opts, kind="hangs_no_timeout")
         job = await wait_state(client, inherited.job.id, JobState.DISCARDED)
         assert job.errors[-1]["error"] == "job timed out after 0.3 s"
         job = await wait_state(client, own.job.id, JobState.DISCARDED)
