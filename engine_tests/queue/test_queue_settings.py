@@ -33,6 +33,18 @@ async def _fail(job: Job, args: Fail) -> None:
     raise RuntimeError("boom")
 
 
+async def _wait_running_for_a_second(database: Database, job_id: int) -> None:
+    """Wait (10 s at most) until the job's attempt began over a second ago, by the server's
+    clock."""
+    with trio.fail_after(10):
+        while (
+            await database.queue.fetchval(
+                "SELECT now() - attempted_at > '1 s' FROM river_job WHERE id = $1", job_id
+            )
+        ) is not True:
+            await trio.sleep(0.05)
+
+
 def fast(**kw: object) -> QueueConfig:
     return QueueConfig(fetch_poll_interval=0.2, completer_tick=0.01, **kw)  # type: ignore[arg-type]
 
@@ -94,15 +106,7 @@ async def test_job_timeout_is_the_deadline_of_kinds_without_their_own(database: 
         job = await wait_state(client, own.job.id, JobState.DISCARDED)
         assert job.errors[-1]["error"] == "job timed out after 0.1 s"
         # The kind registered with math.inf has no deadline: still running well past 0.3 s.
-        started = await client.get(opted_out.job.id)
-        assert started is not None and started.attempted_at is not None
-        with trio.fail_after(10):
-            while (
-                await database.queue.fetchval(
-                    "SELECT now() - $1::timestamptz > '1 s'", started.attempted_at
-                )
-            ) is not True:
-                await trio.sleep(0.05)
+        await _wait_running_for_a_second(database, opted_out.job.id)
         still = await client.get(opted_out.job.id)
         assert still is not None and still.state is JobState.RUNNING and still.errors == ()
         release.set()
@@ -125,14 +129,7 @@ async def test_no_job_timeout_by_default(database: Database) -> None:
         result = await client.insert(Hang(1), InsertOpts(max_attempts=1))
         with trio.fail_after(10):
             await running.wait()
-        with trio.fail_after(10):
-            while (
-                await database.queue.fetchval(
-                    "SELECT now() - attempted_at > '1 s' FROM river_job WHERE id = $1",
-                    result.job.id,
-                )
-            ) is not True:
-                await trio.sleep(0.05)
+        await _wait_running_for_a_second(database, result.job.id)
         job = await client.get(result.job.id)
         assert job is not None and job.state is JobState.RUNNING and job.errors == ()
         release.set()
