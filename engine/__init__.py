@@ -10,8 +10,10 @@ The public face for embedding apps::
                                                       identity=engine.Identity(...)))
         task = await eng.wait(task_id)
 
-``engine.testing`` gives an embedding app's tests a real database and a running engine;
-``python -m engine`` runs the whole service.
+``engine.open`` runs the whole service inside your trio program (``await
+nursery.start(engine.serve, config, providers=...)`` does the same in a nursery of yours), and
+``python -m engine run`` runs the very same tree as a process. ``engine.testing`` gives an
+embedding app's tests a real database and a running engine.
 """
 
 from engine._version import __version__ as __version__
@@ -27,7 +29,8 @@ from engine.providers.base import ProviderError as ProviderError
 from engine.providers.simulated import SimulatedProvider as SimulatedProvider
 from engine.providers.simulated import SimulationConfig as SimulationConfig
 from engine.service.engine import Engine as Engine
-from engine.service.engine import open_engine as open
+from engine.service.root import open as open
+from engine.service.root import serve as serve
 from engine.tasks.models import Identity as Identity
 from engine.tasks.models import RunMode as RunMode
 from engine.tasks.models import Task as Task
@@ -54,4 +57,5 @@ __all__ = [
     "__version__",
     "load_config",
     "open",
+    "serve",
 ]

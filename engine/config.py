@@ -141,8 +141,8 @@ def _fraction() -> Any:
     return _Requirement("must be a number > 0 and <= 1", lambda v: _is_number(v) and 0 < v <= 1)
 
 
-def _boolean() -> Any:
-    return _Requirement("must be true or false", lambda v: isinstance(v, bool))
+def _boolean(*, optional: bool = False) -> Any:
+    return _Requirement("must be true or false", lambda v: isinstance(v, bool), optional)
 
 
 def _choice(*choices: str) -> Any:
@@ -580,6 +580,23 @@ class WorkerConfig:
         "(reference: 5 s on a fresh context, reference-semantics §2, §5.6).",
         _number(gt=0),
     )
+    capacity: Literal["registry", "fixed"] = _setting(
+        "registry",
+        "Where this instance's worker capacity comes from. `registry`: the global capacity "
+        "(from the model and group limits, capped by `worker.hard_limit`) is split between "
+        "every live instance by heartbeat, and a resize starts a new generation and drains "
+        "the old one. `fixed`: one generation of `worker.instance_hard_limit` executions "
+        "(else `worker.hard_limit`), no registry; for an app that runs alone.",
+        _choice("registry", "fixed"),
+    )
+    shutdown_drain_timeout: float = _setting(
+        10.0,
+        "Seconds running tasks get to finish at shutdown (the first SIGINT or SIGTERM, or "
+        "leaving an `engine.open` block) before they are requeued; no new task is claimed "
+        "meanwhile. A requeued task that was already submitted upstream keeps its reference "
+        "and resumes polling on another instance. 0 requeues at once.",
+        _number(ge=0),
+    )
     startup_attempts: int = _setting(
         3,
         "Attempts of the whole service start (connecting, migrations, registration, the first "
@@ -796,8 +813,12 @@ class TasksConfig:
 class MetricsConfig:
     """The Prometheus metrics endpoint (reference-semantics §5.10)."""
 
-    enabled: bool = _setting(
-        True, "Serve Prometheus metrics over HTTP (reference-semantics §5.10).", _boolean()
+    enabled: bool | None = _setting(
+        None,
+        "Serve Prometheus metrics (and `/healthz`, `/readyz`) over HTTP. Unset: on for "
+        "`python -m engine run`, off for an engine embedded with `engine.open` or "
+        "`engine.serve`; `true` or `false` decides for both.",
+        _boolean(optional=True),
     )
     host: str = _setting(
         "127.0.0.1",
@@ -845,6 +866,14 @@ class EngineConfig:
             "doc": "Directory for the engine's local state, such as the embedded PostgreSQL "
             "cluster; unset means the launcher's default. `~` is expanded."
         },
+    )
+    app: str | None = _setting(
+        None,
+        "Your providers, as `package.module:attribute`: a mapping of model name to provider, "
+        "or a callable or async context manager that gives one (imported at start; the "
+        "service runs the tasks of exactly these models, plus simulation tasks). "
+        "`python -m engine run --app` sets it too. Unset: simulation tasks only.",
+        _text(3, 500, optional=True),
     )
     instance_name: str | None = _setting(
         None,
@@ -1129,8 +1158,14 @@ def _shown(name: str, value: object) -> str:
 
 
 def _suggestion(word: str, candidates: list[str], spell: Callable[[str], str] = str) -> str:
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return f"; did you mean {spell(close[0])}?" if close else ""
+    # Compared without the ENGINE_ prefix every variable shares, or it alone makes any short
+    # name look close to another (ENGINE_QWXZJK to ENGINE_APP).
+    def bare(name: str) -> str:
+        return name.removeprefix(_ENV_PREFIX)
+
+    by_bare = {bare(c): c for c in candidates}
+    close = difflib.get_close_matches(bare(word), list(by_bare), n=1, cutoff=0.6)
+    return f"; did you mean {spell(by_bare[close[0]])}?" if close else ""
 
 
 def _read_toml(path: Path, named_by: str | None, problems: list[str]) -> list[_Given]:

@@ -5,6 +5,9 @@ the class docstring, so ``raise LeaseUnavailable()`` still says something useful
 
     EngineError
     ├── ConfigError                 invalid configuration; lists every bad field
+    │   ├── AddressInUse            a server's configured address (metrics.port) is taken
+    │   ├── AppError                the ``app`` setting does not load or does not give providers
+    │   └── InvalidProvider         a provider lacks an async method or a valid poll_interval
     ├── EmbeddedPostgresError       the private server could not be found, started or stopped
     ├── DatabaseError               a database call failed (asyncpg error kept as __cause__)
     │   ├── ConnectionLost          the server went away or could not be reached
@@ -30,11 +33,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 __all__ = [
+    "AddressInUse",
+    "AppError",
     "ConfigError",
     "ConnectionLost",
     "DatabaseError",
     "EmbeddedPostgresError",
     "EngineError",
+    "InvalidProvider",
     "InvalidTask",
     "JobError",
     "LeaseUnavailable",
@@ -66,6 +72,50 @@ class ConfigError(EngineError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid configuration ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class AppError(ConfigError):
+    """The ``app`` setting could not be loaded, or what it names gives no providers.
+
+    It holds one problem, and its message is that one line (naming ``app`` and the fix).
+    """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__([problem])
+        self.message = problem
+        self.args = (problem,)
+
+
+class AddressInUse(ConfigError):
+    """The address a server is configured to listen on is taken.
+
+    A configuration error (not retried, CLI exit 2) whose message is one line naming the address
+    and the setting to change.
+    """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__([problem])
+        self.message = problem
+        self.args = (problem,)
+
+
+class InvalidProvider(ConfigError):
+    """A provider does not have what the engine calls: async ``prepare``, ``submit``, ``poll``,
+    ``finalize`` and ``cancel``, and a ``poll_interval`` >= 0; or a model name is not a
+    non-empty string.
+
+    A configuration error, so a service start does not retry it and the CLI exits 2. One
+    problem per provider; the message is the problem when there is one, else a list.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(problems)
+        if len(self.problems) == 1:
+            self.message = self.problems[0]
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            self.message = f"invalid providers ({len(self.problems)} problems):\n{lines}"
+        self.args = (self.message,)
 
 
 class EmbeddedPostgresError(EngineError):

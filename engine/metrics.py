@@ -14,6 +14,7 @@ request size cap, so a slow or hostile client costs one short-lived task and not
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from engine.errors import AddressInUse
 from engine.load.controller import LoadSnapshot, PressureState
 
 __all__ = [
@@ -500,7 +502,16 @@ class MetricsServer:
         kept: a host name resolving to both IPv4 and IPv6 would otherwise get a different free
         port per address, and the reported port would be only one of them.
         """
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise AddressInUse(
+                f"metrics.port: {self.host}:{self.port} is already in use; set metrics.port "
+                "(ENGINE_METRICS_PORT, or --set metrics.port=N) to a free port, 0 for any free "
+                "port, or metrics.enabled=false"
+            ) from None
         if self.port == 0 and len(listeners) > 1:
             for extra in listeners[1:]:
                 await extra.aclose()

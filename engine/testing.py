@@ -33,7 +33,8 @@ from engine.db.bridge import asyncio_loop
 from engine.db.database import DatabaseUrls
 from engine.db.resolve import scratch_database
 from engine.providers.base import Provider
-from engine.service.engine import Engine, open_engine
+from engine.service.engine import Engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import Task
 
 __all__ = ["open_test_engine", "run_until_final", "temporary_database"]
@@ -68,7 +69,8 @@ async def open_test_engine(
     max_workers: int = 16,
     settings: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Engine]:
-    """An executing engine on a temporary database (or on ``url``), with fast polling.
+    """The whole engine (the tree ``engine.open`` runs, with a fixed capacity of
+    ``max_workers``) on a temporary database (or on ``url``), with fast polling.
 
     ``settings`` are config overrides by dotted name (``{"tasks.lease_ttl": 5}``).
     """
@@ -77,6 +79,9 @@ async def open_test_engine(
         "queue.fetch_poll_interval": "0.2",
         "queue.completer_tick": "0.01",
         "metrics.enabled": "false",
+        "worker.capacity": "fixed",
+        "worker.hard_limit": str(max_workers),
+        "worker.shutdown_drain_timeout": "0",
         **{key: str(value) for key, value in (settings or {}).items()},
     }
     config = load_config(env={}, overrides=overrides)
@@ -86,11 +91,7 @@ async def open_test_engine(
             url = await stack.enter_async_context(temporary_database())
         engine = await stack.enter_async_context(
             open_engine(
-                config,
-                urls=DatabaseUrls.single(url),
-                providers=providers,
-                simulated=simulated,
-                max_workers=max_workers,
+                config, urls=DatabaseUrls.single(url), providers=providers, simulated=simulated
             )
         )
         yield engine

@@ -101,8 +101,9 @@ def test_proposed_defaults() -> None:
         0.90,
     )
     assert config.tasks.max_payload_bytes == 1_000_000
+    # Unset: on for `python -m engine run`, off for an embedded engine.
     assert (config.metrics.enabled, config.metrics.host, config.metrics.port) == (
-        True,
+        None,
         "127.0.0.1",
         9464,
     )
@@ -329,7 +330,7 @@ def test_bad_enum() -> None:
 
 
 def test_bad_boolean() -> None:
-    problem = "metrics.enabled = 'maybe' (from --set): must be true or false"
+    problem = "metrics.enabled = 'maybe' (from --set): must be true or false, or empty for none"
     with pytest.raises(ConfigError, match=only(problem)):
         load_config(env={}, overrides={"metrics.enabled": "maybe"})
 
@@ -379,9 +380,9 @@ def test_unknown_env_var_with_suggestion() -> None:
 
 
 def test_unknown_env_var_without_suggestion() -> None:
-    problem = "ENGINE_XYZZY (environment variable): unknown setting"
+    problem = "ENGINE_QWXZJK (environment variable): unknown setting"
     with pytest.raises(ConfigError, match=only(problem)):
-        load_config(env={"ENGINE_XYZZY": "1"})
+        load_config(env={"ENGINE_QWXZJK": "1"})
 
 
 def test_unknown_override_with_suggestion() -> None:

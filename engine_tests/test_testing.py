@@ -51,4 +51,5 @@ async def test_an_embedding_apps_task_runs_to_completion(pg_admin_url: str, aio_
 def test_public_names_are_exported() -> None:
     for name in engine.__all__:
         assert hasattr(engine, name), name
-    assert engine.open is engine.service.engine.open_engine  # type: ignore[attr-defined]
+    assert engine.open is engine.service.root.open  # type: ignore[attr-defined]
+    assert engine.serve is engine.service.root.serve  # type: ignore[attr-defined]

@@ -27,8 +27,8 @@ from engine.db.database import Database
 from engine.db.listen import Listener
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
-from engine.queue.insert import insert_tx, prepare
-from engine.tasks.runner import TaskRunArgs
+from engine.queue.insert import InsertParams, insert_tx, prepare
+from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.submit import task_insert_opts
 
 __all__ = ["ADMISSION_CHANNEL", "DispatchReport", "Dispatcher"]
@@ -46,7 +46,10 @@ _USED = QUERIES["scope_used_many"]
 _ADMIT = QUERIES["admission_admit_many"]
 _REAP = QUERIES["admission_reap_expired"]
 _SET_JOB = QUERIES["task_set_job_many"]
-_TASK_RUN_AT = "SELECT id, next_run_at FROM engine_task WHERE id = ANY($1::uuid[])"
+# What the admitted tasks' jobs need: when they are due, and the model that routes a live one.
+_TASK_RUN_AT = """
+SELECT id, next_run_at, model, run_mode FROM engine_task WHERE id = ANY($1::uuid[])
+"""
 
 
 @attrs.frozen
@@ -107,15 +110,8 @@ class Dispatcher:
             if not chosen:
                 return DispatchReport(0, len(waiting))
             await conn.execute(_ADMIT, chosen)
-            run_at = {r["id"]: r["next_run_at"] for r in await conn.fetch(_TASK_RUN_AT, chosen)}
-            params = [
-                prepare(
-                    TaskRunArgs(str(task_id)),
-                    task_insert_opts(self.config.queue, run_at.get(task_id)),
-                    kind=self.config.queue.job_kind,
-                )
-                for task_id in chosen
-            ]
+            tasks = {r["id"]: r for r in await conn.fetch(_TASK_RUN_AT, chosen)}
+            params = [_task_job(self.config, task_id, tasks.get(task_id)) for task_id in chosen]
             jobs = await insert_tx(conn, params, self.notify_channel)
             await conn.execute(_SET_JOB, chosen, [j.job.id for j in jobs])
         self.admitted += len(chosen)
@@ -162,6 +158,19 @@ class Dispatcher:
                 with trio.move_on_after(cfg.dispatch_interval):
                     await wake.wait()
                 wake = trio.Event()
+
+
+def _task_job(config: EngineConfig, task_id: uuid.UUID, row: Record | None) -> InsertParams:
+    """The job of an admitted task: due at its ``next_run_at``, routed by its model if live."""
+    if row is None:  # the task is gone: its job finds no task and completes
+        return prepare(
+            TaskRunArgs(str(task_id)), task_insert_opts(config.queue), kind=config.queue.job_kind
+        )
+    return prepare(
+        TaskRunArgs.for_task(task_id, row["model"], row["run_mode"]),
+        task_insert_opts(config.queue, row["next_run_at"]),
+        kind=config.queue.job_kind,
+    )
 
 
 async def _limits(source: Pool | Connection, scopes: set[str]) -> dict[str, float]:

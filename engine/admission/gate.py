@@ -1,4 +1,11 @@
-"""The admission check a task passes after claiming its lease, before any work (§6.11 step 2)."""
+"""The admission check a task passes after claiming its lease, before any work (§6.11 step 2).
+
+The claim of a task of a limited model or group holds the lease but leaves the task ``queued``
+(a *pending* claim, see ``sql/queries/engine_task.sql``). :func:`admit` decides, and only when
+it lets the task start does the task become ``running`` and count an attempt, in the same
+transaction that takes its slots. So a task that waits for a scope slot, or for a scope's lock
+while another admission holds it, is never seen running and never burns an attempt.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import trio
 
 from engine.db.bridge import Pool, Record
 from engine.db.sqlfiles import QUERIES
+from engine.errors import LeaseUnavailable
 from engine.tasks.models import Task
 
 __all__ = ["Admitted", "RateLimited", "ScopeCatalog", "Waiting", "admit"]
@@ -23,12 +31,19 @@ _TAKE = QUERIES["scope_lease_take"]
 _ENSURE = QUERIES["rate_bucket_ensure"]
 _TOKEN = QUERIES["rate_token_take"]
 _TOKEN_WAIT = QUERIES["rate_token_wait"]
+_START = QUERIES["task_start_admitted"]
 
 
 @attrs.frozen
 class Admitted:
-    """Go ahead: the task holds a slot in each of ``scopes``."""
+    """Go ahead: the task holds a slot in each of ``scopes`` and is running now.
 
+    Attributes:
+        task: the task as the admission started it (``running``, its attempt counted).
+        scopes: the limited scopes it holds a slot in (none for a rate limit alone).
+    """
+
+    task: Task
     scopes: tuple[str, ...] = ()
 
 
@@ -57,9 +72,10 @@ class ScopeCatalog:
     Limits are read from ``catalog`` (the coordination database, where the catalogue lives);
     leases and admissions are written to ``pool`` (the tasks database).
 
-    Admission runs for every task; without this cache an unlimited model would still cost a
-    query per task. A changed limit applies within ``ttl`` (the capacity refresher polls on a
-    similar period).
+    Only tasks the claim found limited come here (their claim reads the catalogue live); the
+    cache saves each of them a catalogue query. A changed limit value applies within ``ttl``
+    (the capacity refresher polls on a similar period); a limit the cache does not know yet
+    is read again at once (:func:`admit`).
     """
 
     def __init__(self, pool: Pool, catalog: Pool | None = None, ttl: float = 1.0) -> None:
@@ -68,12 +84,15 @@ class ScopeCatalog:
         self.ttl = ttl
         self._cache: dict[tuple[str, str | None], tuple[float, list[Record]]] = {}
 
-    async def scopes(self, model: str, group_key: str | None) -> list[Record]:
-        """The rows of ``scope_limits_for_task`` for this model and group."""
+    async def scopes(
+        self, model: str, group_key: str | None, *, fresh: bool = False
+    ) -> list[Record]:
+        """The rows of ``scope_limits_for_task`` for this model and group (read again now
+        with ``fresh``, bypassing the cache)."""
         key = (model, group_key)
         now = trio.current_time()
         hit = self._cache.get(key)
-        if hit is not None and now - hit[0] < self.ttl:
+        if not fresh and hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         rows = await self.catalog.fetch(_LIMITS, model, group_key)
         self._cache[key] = (now, rows)
@@ -86,27 +105,63 @@ async def admit(
     token: uuid.UUID,
     owner: str,
     *,
+    job_id: int | None = None,
+    lease_ttl: float = 60.0,
     queue_timeout: float | None = None,
 ) -> Outcome:
-    """Decide whether ``task`` (running under ``token``) may start now; see the package doc.
+    """Decide whether ``task``, a pending claim (queued, holding ``token``), may start now.
 
     One transaction: lock the task's scopes in sorted order, check room and the line, then
-    either take the slots (and rate tokens) or join the line and give the task back to the
-    queue. Tasks of unlimited models and groups pass at once, without a query.
+    either take the slots (and rate tokens) and start the task (``running``, attempt counted,
+    lease renewed for ``lease_ttl`` seconds), or join the line: the claim's lease is released,
+    the task stays queued, and its job ``job_id`` is completed in the same transaction (see
+    ``admission_wait``). A spent rate limit rolls everything back; the caller releases the
+    claim with the delay.
+
+    The claim read the limits live; the cached catalogue may not know a limit set within the
+    last ``ttl`` seconds, and is then read again. A limit removed since the claim leaves
+    nothing to check: the task starts.
+
+    Raises:
+        LeaseUnavailable: the token no longer holds the lease (the task was cancelled while
+            its claim waited); nothing was written.
     """
     rows = await catalog.scopes(task.model, task.group_key)
     if not rows:
-        return Admitted()
+        rows = await catalog.scopes(task.model, task.group_key, fresh=True)
     pool = catalog.pool
+    if not rows:
+        started = await pool.fetchrow(_START, task.id, token, lease_ttl)
+        if started is None:
+            raise LeaseUnavailable()
+        return Admitted(Task.from_record(started))
     concurrency = [r["scope"] for r in rows if (r["concurrency_limit"] or 0) > 0]
     limit = {r["scope"]: r["concurrency_limit"] for r in rows}
     rates = [r for r in rows if (r["rate_limit"] or 0) > 0]
     try:
         return await _decide(
-            pool, task, token, owner, rows, concurrency, limit, rates, queue_timeout
+            pool,
+            task,
+            token,
+            owner,
+            rows,
+            concurrency,
+            limit,
+            rates,
+            _Line(job_id, lease_ttl, queue_timeout),
         )
     except _RateLimitedRollback as limited:  # the transaction rolled back every token taken
         return limited.outcome
+
+
+@attrs.frozen
+class _Line:
+    """What the decision needs besides the limits: the asking job, the lease TTL to renew on
+    start, and the queue timeout of a task that joins the line."""
+
+    job_id: int | None
+    lease_ttl: float
+    queue_timeout: float | None
 
 
 async def _decide(
@@ -118,7 +173,7 @@ async def _decide(
     concurrency: list[str],
     limit: dict[str, int],
     rates: list[Record],
-    queue_timeout: float | None,
+    line: _Line,
 ) -> Outcome:
     async with pool.transaction() as conn:
         for row in rows:
@@ -136,12 +191,20 @@ async def _decide(
                 if full:
                     expires = (
                         None
-                        if queue_timeout is None
-                        else datetime.now(UTC) + timedelta(seconds=queue_timeout)
+                        if line.queue_timeout is None
+                        else datetime.now(UTC) + timedelta(seconds=line.queue_timeout)
                     )
-                    await conn.execute(
-                        _WAIT, task.id, concurrency, task.group_key or "", expires, token
+                    waits = await conn.fetchval(
+                        _WAIT,
+                        task.id,
+                        concurrency,
+                        task.group_key or "",
+                        expires,
+                        token,
+                        line.job_id,
                     )
+                    if waits is None:
+                        raise LeaseUnavailable()
                     return Waiting(tuple(full))
         for row in rates:
             await conn.execute(_ENSURE, row["scope"], float(row["rate_limit"]))
@@ -153,9 +216,12 @@ async def _decide(
                     _TOKEN_WAIT, row["scope"], float(row["rate_limit"]), row["rate_interval"]
                 )
                 raise _RateLimitedRollback(RateLimited(row["scope"], float(delay or 0.0)))
+        started = await conn.fetchrow(_START, task.id, token, line.lease_ttl)
+        if started is None:
+            raise LeaseUnavailable()  # rolls back the tokens taken above
         if concurrency:
             await conn.execute(_TAKE, task.id, concurrency, owner)
-    return Admitted(tuple(concurrency))
+    return Admitted(Task.from_record(started), tuple(concurrency))
 
 
 class _RateLimitedRollback(Exception):

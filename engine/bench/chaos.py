@@ -125,7 +125,8 @@ from engine.db.database import DatabaseUrls
 from engine.db.resolve import scratch_database
 from engine.errors import ConnectionLost, DatabaseError, UniqueViolation
 from engine.providers.simulated import Latency, SimulationConfig
-from engine.service.engine import Engine, open_engine
+from engine.service.engine import Engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import FINAL_STATUSES, Identity, RunMode, TaskRequest
 
 __all__ = [
@@ -638,7 +639,7 @@ async def run_chaos_scenario(
             },
         )
         client = await stack.enter_async_context(
-            open_engine(client_config, urls=DatabaseUrls.single(url), execute=False)
+            open_engine(client_config, urls=DatabaseUrls.single(url), control=False)
         )
         await client.set_model(_MODEL)
         run = ChaosRun(

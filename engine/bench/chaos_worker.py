@@ -14,7 +14,7 @@ submission is written to a ledger before the upstream accepts it.
 * ``--sim``: a :class:`~engine.providers.simulated.SimulationConfig` as JSON, latencies as
   ``{"kind": "uniform", "a": 0.1, "b": 0.2}``.
 
-It runs :func:`engine.service.main.run_service` and prints ``ready <instance_id>`` on stdout once
+It runs :func:`engine.service.root.serve` and prints ``ready <instance_id>`` on stdout once
 the service has started. SIGTERM or SIGINT stop it gracefully; SIGKILL is what the scenarios use.
 
 The ledger is the upstream's own record: a row is committed *before* the simulated upstream
@@ -26,6 +26,7 @@ count errs on the side of reporting a double submission, never of hiding one).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import signal
@@ -43,7 +44,7 @@ from engine.logs import configure_logging
 from engine.providers.base import ProviderError
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
-from engine.service.main import run_service
+from engine.service.root import serve
 from engine.tasks.models import Task
 
 __all__ = [
@@ -159,11 +160,8 @@ async def _serve(url: str, provider: LedgerProvider, overrides: dict[str, str]) 
         try:
             async with trio.open_nursery() as nursery:
                 eng: Engine = await nursery.start(
-                    lambda task_status: run_service(
-                        config,
-                        DatabaseUrls.single(url),
-                        simulated=provider,
-                        task_status=task_status,
+                    functools.partial(
+                        serve, config, urls=DatabaseUrls.single(url), simulated=provider
                     )
                 )
                 provider.instance_id = eng.instance_id

@@ -1,6 +1,6 @@
 """``python -m engine bench load``: the worker-load controller under a heavy and a hostile load.
 
-Both parts run the full service (:func:`engine.service.main.run_service`) *in this process*, so
+Both parts run the full service (:func:`engine.service.root.serve`) *in this process*, so
 the load controller (``engine.runner.load``) can be read directly, on one fresh database each,
 with one unlimited model, so the claim limit is ``worker.hard_limit``.
 
@@ -97,7 +97,7 @@ from engine.load.controller import LoadSnapshot, PressureState
 from engine.load.sampler import ProcessSampler
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
-from engine.service.main import run_service
+from engine.service.root import serve
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_load_bench"]
@@ -179,9 +179,9 @@ async def _service(config: EngineConfig, url: str) -> AsyncIterator[Engine]:
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(
             functools.partial(
-                run_service,
+                serve,
                 config,
-                DatabaseUrls.single(url),
+                urls=DatabaseUrls.single(url),
                 simulated=SimulatedProvider(SIMULATION),
             )
         )

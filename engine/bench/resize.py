@@ -98,7 +98,8 @@ from engine.config import load_config
 from engine.db.bridge import Pool
 from engine.db.database import DatabaseUrls
 from engine.providers.simulated import Latency, SimulationConfig
-from engine.service.engine import Engine, open_engine
+from engine.service.engine import Engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = [
@@ -449,7 +450,7 @@ async def _run(admin_url: str, plan: _Plan, log_dir: Path) -> dict[str, float]:
         url = db.urls.tasks
         await db.tasks.execute(BENCH_TABLES_SQL)
         config = load_config(env={}, overrides={**WORKER_SETTINGS, "worker.mode": "client"})
-        async with open_engine(config, urls=DatabaseUrls.single(url), execute=False) as client:
+        async with open_engine(config, urls=DatabaseUrls.single(url), control=False) as client:
             await client.set_model(MODEL, concurrency_limit=LIMITS[0])
             workers: list[WorkerProcess] = []
             try:

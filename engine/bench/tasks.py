@@ -21,7 +21,7 @@ from engine.config import load_config
 from engine.db.bridge import Counters
 from engine.db.database import DatabaseUrls
 from engine.providers.simulated import SimulatedProvider
-from engine.service.engine import open_engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_tasks_bench"]
@@ -38,7 +38,14 @@ _FINAL = ("succeeded", "failed", "cancelled", "manual_review")
 
 
 async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, float, int]:
-    config = load_config(env={}, overrides={"database.migrate_on_start": "false"})
+    config = load_config(
+        env={},
+        overrides={
+            "database.migrate_on_start": "false",
+            "worker.capacity": "fixed",
+            "worker.hard_limit": str(max_workers),
+        },
+    )
     urls = DatabaseUrls.single(url)
     requests = [
         TaskRequest(
@@ -46,15 +53,13 @@ async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, 
         )
         for n in range(count)
     ]
-    async with open_engine(config, urls=urls, execute=False) as client:
+    async with open_engine(config, urls=urls, control=False) as client:
         await client.set_model("bench-model")
         started = trio.current_time()
         for start in range(0, count, 1000):
             await client.submit(requests[start : start + 1000])
         submit_rate = count / (trio.current_time() - started)
-    async with open_engine(
-        config, urls=urls, simulated=SimulatedProvider(), max_workers=max_workers
-    ) as eng:
+    async with open_engine(config, urls=urls, simulated=SimulatedProvider()) as eng:
         before = Counters.statements
         started = trio.current_time()
         await eng.wait(requests[-1].id)

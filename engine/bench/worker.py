@@ -5,7 +5,7 @@
     python -m engine.bench.worker --url URL [--set section.field=value ...] [--sim JSON]
                                   [--record] [--log-level LEVEL]
 
-Runs the full service (:func:`engine.service.main.run_service`: capacity refresher, generations,
+Runs the full service (:func:`engine.service.root.serve`: capacity refresher, generations,
 recovery, load sampler) against the database at ``URL``, with a
 :class:`~engine.providers.simulated.SimulatedProvider` built from ``--sim`` (a JSON
 :class:`~engine.providers.simulated.SimulationConfig`; a latency is ``{"kind": "uniform", "a":
@@ -59,7 +59,7 @@ from engine.providers.base import PollResult, Provider
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.queue.client import make_instance_id
 from engine.service.engine import Engine
-from engine.service.main import run_service
+from engine.service.root import serve as serve_engine
 from engine.tasks.models import Task
 
 __all__ = [
@@ -223,7 +223,7 @@ async def serve(
             async with trio.open_nursery() as nursery:
                 engine: Engine = await nursery.start(
                     functools.partial(
-                        run_service, config, DatabaseUrls.single(url), simulated=simulated
+                        serve_engine, config, urls=DatabaseUrls.single(url), simulated=simulated
                     )
                 )
                 if pool is not None:

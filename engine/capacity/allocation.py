@@ -2,6 +2,12 @@
 
 Pure: the store loads the active registry rows, calls :func:`allocate` inside its serialized
 registration transaction and persists the result.
+
+The split counts every live instance alike, whatever models it serves (``models`` in the
+registry): every instance runs simulation tasks and jobs that name no model, whose scopes are the
+same model scopes, so what an instance serves does not bound what it may run. An instance that
+serves a model few others serve therefore gets no larger share for it; the scope limits, enforced
+at admission, still keep every model within its concurrency limit.
 """
 
 from __future__ import annotations

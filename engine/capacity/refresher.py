@@ -7,8 +7,13 @@ changes: NOTIFY on ``engine_catalog``):
 1. compute the global capacity from the enabled models and groups (§6.1);
 2. register this instance (the heartbeat) and get its share of it (§6.2);
 3. set the claim limit — the bound on every generation of this process together — to the share;
-4. if the share changed: start a generation of that size, make it current, and let the old one
-   drain in the background (``worker.drain_timeout``, then cancel). Capacity 0: no generation.
+4. if the share changed: the room (:class:`~engine.capacity.room.GenerationRoom`, which the
+   refresher runs and owns) starts a generation of that size, makes it current, and lets the old
+   one drain in the background (``worker.drain_timeout``, then cancel). Capacity 0: no
+   generation.
+
+At shutdown (or when the refresher itself crashes) it marks the instance draining, so the others
+take its share at once, and closes the room by the shutdown policy (drain, then requeue).
 
 Outcomes are counted as the reference does: ``refresh_failed``, ``start_failed``, ``success``
 (an unchanged share counts nothing). A failed refresh keeps the current generation.
@@ -28,19 +33,23 @@ from engine.capacity.registry import (
     mark_draining,
     register_instance,
 )
+from engine.capacity.room import GenerationRoom, ShutdownPolicy
 from engine.capacity.snapshot import CapacitySnapshot
 from engine.config import EngineConfig
 from engine.db.database import Database
 from engine.db.listen import Listener
+from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.load.controller import LoadController
 from engine.load.sampler import LoadSamplerService
 from engine.metrics import Metrics
 from engine.queue.client import QueueClient
-from engine.queue.generation import Generation
 from engine.queue.slots import SlotPool
 
 __all__ = ["CATALOG_CHANNEL", "CapacityRefresher"]
+
+_NOTIFY_INSTANCES = "SELECT pg_notify($1, 'instances')"
+_REACTIVATE = QUERIES["worker_instance_reactivate"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +58,11 @@ CATALOG_CHANNEL = "engine_catalog"
 
 
 class CapacityRefresher:
-    """Keeps this instance's generation sized to its share; see the module docstring."""
+    """Keeps this instance's generation sized to its share; see the module docstring.
+
+    Made afresh for every (re)start: a refresher restarted after a crash re-registers the
+    instance as active, with no generation left over from the one that crashed.
+    """
 
     def __init__(
         self,
@@ -58,26 +71,39 @@ class CapacityRefresher:
         queue: QueueClient,
         slots: SlotPool,
         *,
+        policy: ShutdownPolicy,
         load: LoadController | None = None,
         sampler: LoadSamplerService | None = None,
         metrics: Metrics | None = None,
+        args_filter: tuple[str, tuple[str, ...]] | None = None,
+        models: tuple[str, ...] | None = None,
     ) -> None:
         self.config = config
         self.db = db
         self.queue = queue
         self.slots = slots
+        self.policy = policy
         self.load = load
         self.sampler = sampler
         self.metrics = metrics
-        self.current: Generation | None = None
-        self.capacity = 0
+        self.models = models
+        self.room = GenerationRoom(
+            queue,
+            config.queue.name,
+            resize_drain_timeout=config.worker.drain_timeout,
+            args_filter=args_filter,
+            on_change=self._generations_changed,
+        )
         self.snapshot: CapacitySnapshot | None = None
         self.allocation: Allocation | None = None
-        self.draining: set[Generation] = set()
         self.refreshes = 0
         self.changed = trio.Event()
         self._wake = trio.Event()
-        self._nursery: trio.Nursery | None = None
+
+    @property
+    def capacity(self) -> int:
+        """The share this process runs now."""
+        return self.room.capacity
 
     @property
     def stale_after(self) -> float:
@@ -103,6 +129,7 @@ class CapacityRefresher:
             heartbeat_stale_after=self.stale_after,
             load=load_snapshot,
             load_clock_now=time.monotonic(),
+            models=self.models,
         )
         first = self.allocation is None
         allocation = await register_instance(self.db.coordination, registration)
@@ -111,7 +138,7 @@ class CapacityRefresher:
             and allocation.active_instances != self.allocation.active_instances
         ):
             # Others learn at once that the split changed (the reference only polls).
-            await self.db.coordination.execute("SELECT pg_notify($1, 'instances')", CATALOG_CHANNEL)
+            await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG_CHANNEL)
         return snapshot, allocation
 
     async def refresh_once(self) -> str:
@@ -141,22 +168,13 @@ class CapacityRefresher:
             self.metrics.set_distributed_worker_capacity(
                 allocation.active_instances, allocation.global_allocated, share
             )
-        if share == self.capacity:
-            return "unchanged"
-        new: Generation | None = None
-        if share > 0:
-            try:
-                new = await self.queue.start_generation({self.config.queue.name: share})
-            except Exception as exc:
-                log.warning(
-                    "new generation failed to start; keeping the current one",
-                    extra={"event": "generation_start_failed", "error": repr(exc)},
-                )
-                self._observe("start_failed")
-                return "start_failed"
-        old, self.current, self.capacity = self.current, new, share
-        if old is not None:
-            self._drain(old, f"resize to {share}")
+        outcome = await self.room.resize(share)
+        if outcome == "unchanged":
+            return outcome
+        if outcome == "start_failed":
+            self._observe(outcome)
+            return outcome
+        current = self.room.current
         log.info(
             "capacity changed",
             extra={
@@ -165,7 +183,7 @@ class CapacityRefresher:
                 "desired": snapshot.desired,
                 "global_allocated": allocation.global_allocated,
                 "active_instances": allocation.active_instances,
-                "generation": None if new is None else new.number,
+                "generation": None if current is None else current.number,
             },
         )
         self._observe("success")
@@ -176,54 +194,36 @@ class CapacityRefresher:
     def _observe(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.observe_resize(outcome)
-            self.metrics.set_generations(len(self.queue.generations))
 
-    def _drain(self, generation: Generation, reason: str) -> None:
-        assert self._nursery is not None
-        self.draining.add(generation)
-        self._nursery.start_soon(self._drain_one, generation, reason)
-
-    async def _drain_one(self, generation: Generation, reason: str) -> None:
-        generation.stop(f"draining: {reason}")
-        with trio.move_on_after(self.config.worker.drain_timeout):
-            await generation.stopped.wait()
-        generation.stop_and_cancel(f"drain timed out: {reason}")
-        await generation.stopped.wait()
-        self.draining.discard(generation)
+    def _generations_changed(self) -> None:
         if self.metrics is not None:
-            self.metrics.set_generations(len(self.queue.generations))
+            self.metrics.set_generations(len(self.room.generations))
 
-    async def shutdown(self) -> None:
-        """Mark this instance draining (5 s) and stop-and-cancel every generation (10 s each),
-        all shielded: interrupted tasks are requeued so others take them at once (§5.5)."""
-        worker = self.config.worker
-        with trio.move_on_after(worker.mark_draining_timeout, shield=True):
+    async def _mark_draining(self) -> None:
+        """Take this instance out of the split (shielded, ``worker.mark_draining_timeout``);
+        the others are told through NOTIFY and take its share at once."""
+        with trio.move_on_after(self.config.worker.mark_draining_timeout, shield=True):
             try:
                 if await mark_draining(self.db.coordination, self.queue.instance_id):
-                    await self.db.coordination.execute(
-                        "SELECT pg_notify($1, 'instances')", CATALOG_CHANNEL
-                    )
+                    await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG_CHANNEL)
             except DatabaseError as exc:
                 log.warning(
                     "could not mark the instance draining",
                     extra={"event": "mark_draining_failed", "error": str(exc)},
                 )
-        generations = [g for g in (self.current, *self.draining) if g is not None]
-        self.current = None
-        for generation in generations:
-            generation.stop_and_cancel("shutdown")
-            with trio.move_on_after(worker.stop_timeout, shield=True):
-                await generation.stopped.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Refresh until cancelled; ``started()`` after the first refresh (the instance is
-        registered and its first generation, if any, is fetching)."""
+        registered and its first generation, if any, is fetching). On the way out, by
+        cancellation or a crash, the instance is marked draining and the room closed by the
+        shutdown policy."""
         listener = Listener(self.db.coordination.dsn, [CATALOG_CHANNEL])
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.room.run)
+            try:
                 await nursery.start(listener.run)
                 nursery.start_soon(self._forward, listener)
+                await self.db.coordination.execute(_REACTIVATE, self.queue.instance_id)
                 await self.refresh_once()
                 task_status.started()
                 while True:
@@ -231,9 +231,11 @@ class CapacityRefresher:
                         await self._wake.wait()
                     self._wake = trio.Event()
                     await self.refresh_once()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.shutdown()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._mark_draining()
+                    await self.room.close(self.policy)
+                nursery.cancel_scope.cancel(reason="capacity refresher stopped")
 
     async def _forward(self, listener: Listener) -> None:
         async for _note in listener.receive:

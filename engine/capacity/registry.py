@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
@@ -51,6 +51,7 @@ __all__ = [
     "load_capacity",
     "mark_draining",
     "register_instance",
+    "unserved_models",
 ]
 
 REGISTRY_LOCK_KEY: Final = zlib.crc32(b"engine.capacity.registry")
@@ -75,6 +76,7 @@ _SET_ALLOCATED_MANY = QUERIES["worker_instance_set_allocated_many"]
 _MARK_DRAINING = QUERIES["worker_instance_mark_draining"]
 _LIST = QUERIES["worker_instance_list"]
 _DELETE_STALE = QUERIES["worker_instance_delete_stale"]
+_UNSERVED = QUERIES["worker_instance_unserved_models"]
 
 # Environment variables the reference reads for the registration, trimmed (§5.4).
 _ENV_POD_UID: Final = "POD_UID"
@@ -131,6 +133,20 @@ def _env(environ: Mapping[str, str], name: str) -> str:
     return environ.get(name, "").strip()
 
 
+def _to_models(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    """attrs converter: served models as a sorted tuple without repeats; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        # A bare string is iterable too; serving its letters would be a silent bug.
+        raise ValueError("models must be a collection of model names, not a str")
+    listed = list(value)
+    for model in listed:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model names must be non-empty str, got {model!r}")
+    return tuple(sorted(set(listed)))
+
+
 @attrs.frozen(kw_only=True)
 class Registration:
     """What one instance reports at each registration (the reference's
@@ -157,6 +173,9 @@ class Registration:
         pressure_state: ``"normal"``, ``"elevated"`` or ``"critical"``.
         pressure_reason: the dominant resource under pressure, ``""`` when normal.
         load_sampled_at: wall-clock time of the load sample, ``None`` before the first.
+        models: the models whose live tasks this instance claims (those it has a provider
+            for); ``None`` means every model (it claims every job), ``()`` no live model (it
+            claims only jobs that name no model: simulation tasks). Sorted, without repeats.
     """
 
     instance_id: str = attrs.field(validator=attrs.validators.min_len(1))
@@ -177,6 +196,7 @@ class Registration:
     pressure_state: str = _NORMAL_PRESSURE
     pressure_reason: str = ""
     load_sampled_at: datetime | None = None
+    models: tuple[str, ...] | None = attrs.field(default=None, converter=_to_models)
 
     @classmethod
     def from_environment(
@@ -189,6 +209,7 @@ class Registration:
         load: LoadSnapshot | None = None,
         load_clock_now: float | None = None,
         environ: Mapping[str, str] | None = None,
+        models: Iterable[str] | None = None,
     ) -> Registration:
         """Build the registration the way the reference does (§5.4).
 
@@ -208,9 +229,11 @@ class Registration:
                 ``utcnow - (load_clock_now - sampled_at)``. Defaults to ``time.monotonic()``,
                 the timebase of the production ``MonotonicClock``.
             environ: the environment to read; defaults to ``os.environ``.
+            models: the models this instance serves (:attr:`models`); None for every model.
 
         Raises:
-            ValueError: a negative capacity or count, an empty id, or a stale-after <= 0.
+            ValueError: a negative capacity or count, an empty id, a stale-after <= 0, or a
+                bad model name.
         """
         env = os.environ if environ is None else environ
         legacy = cls(
@@ -225,6 +248,7 @@ class Registration:
             load_mode=_LEGACY_MODE,
             safe_capacity=capacity_limit,
             heavy_capacity=capacity_limit,
+            models=models,
         )
         if load is None:
             return legacy
@@ -274,7 +298,8 @@ class InstanceInfo:
     """One registry row, for status output and inspection (§3.2).
 
     Attributes mirror the ``engine_worker_instance`` columns; ``heartbeat_age`` is seconds since
-    the last heartbeat, measured by the database's clock.
+    the last heartbeat, measured by the database's clock; ``models`` is what the instance serves
+    (:attr:`Registration.models`: ``None`` for every model).
     """
 
     instance_id: str
@@ -300,6 +325,7 @@ class InstanceInfo:
     started_at: datetime
     draining_at: datetime | None
     heartbeat_age: float
+    models: tuple[str, ...] | None = attrs.field(default=None, converter=_to_models)
 
 
 async def register_instance(
@@ -362,6 +388,7 @@ async def register_instance(
             reg.pressure_state,
             reg.pressure_reason,
             reg.load_sampled_at,
+            None if reg.models is None else list(reg.models),
         )
         active = [
             InstanceRow(
@@ -432,3 +459,22 @@ async def delete_stale_instances(
     if not older_than > 0:
         raise ValueError(f"older_than must be > 0, got {older_than}")
     return [row["instance_id"] for row in await pool.fetch(_DELETE_STALE, float(older_than))]
+
+
+async def unserved_models(pool: _Fetcher, models: Iterable[str], stale_after: float) -> list[str]:
+    """Which of ``models`` no live instance serves, sorted.
+
+    Live means as in the split: ``status = 'active'`` and a heartbeat within ``stale_after``
+    seconds. An instance registered with ``models = None`` serves every model. Only registered
+    instances count: an engine embedded in an application without registering is not seen.
+
+    Raises:
+        ValueError: ``stale_after`` is not positive.
+        DatabaseError: the query failed.
+    """
+    if not stale_after > 0:
+        raise ValueError(f"stale_after must be > 0, got {stale_after}")
+    names = sorted(set(models))
+    if not names:
+        return []
+    return [row["model"] for row in await pool.fetch(_UNSERVED, names, float(stale_after))]

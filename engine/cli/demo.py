@@ -8,12 +8,10 @@ import sys
 
 import trio
 
+from engine.cli.catalogue import DEMO_MODELS
 from engine.cli.inspect import positive_int
 from engine.cli.submit import Progress, ProgressDisplay, follow_tasks
 from engine.config import EngineConfig
-from engine.db.bridge import asyncio_loop
-from engine.db.resolve import open_urls
-from engine.service.main import DEMO_MODELS, run_service
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["add_demo_command", "run_demo"]
@@ -21,11 +19,11 @@ __all__ = ["add_demo_command", "run_demo"]
 
 def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run ``demo``; exit 0 once every demo task is final (some fail on purpose: 5 %)."""
-    from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK, _until_signal
+    from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK, _Shutdown, _until_signal, start_service
 
-    async def demo() -> None:
-        async with asyncio_loop(), open_urls(config) as urls, trio.open_nursery() as nursery:
-            eng = await nursery.start(run_service, config, urls)
+    async def demo(shutdown: _Shutdown) -> None:
+        async with trio.open_nursery() as nursery:
+            eng = await start_service(config, nursery, shutdown)
             if not await eng.db.coordination.fetchval(
                 "SELECT enabled FROM engine_model WHERE name = $1", args.model
             ):

@@ -1,6 +1,6 @@
 """Inspection and control commands of ``python -m engine``: status, tasks, jobs, queues, catalogue.
 
-Every command opens the engine in client-only mode (``open_engine(config, execute=False)``: no
+Every command opens the engine's records layer only (``engine.open(config, control=False)``: no
 execution; it migrates unless ``database.migrate_on_start`` is false), does its reads or writes,
 and prints a human table, or with ``--json`` one JSON document on one line for scripts.
 Timestamps in JSON are ISO 8601 with a UTC offset; ids of tasks are UUID strings.
@@ -12,14 +12,17 @@ Commands and their ``--json`` documents:
     "unlimited_models", "model_desired", "enabled_groups", "unlimited_groups", "group_desired"},
     "leader": {"leader_id", "elected_at", "expires_at"} | null, "instances": [INSTANCE],
     "queues": {NAME: {"paused": bool, "paused_at", "jobs": {STATE: n for every job state}}},
-    "tasks": {STATUS: n for every task status}}``. ``capacity`` is the global capacity computed
-    from the catalogue with ``worker.hard_limit`` (:func:`~engine.capacity.registry.load_capacity`);
+    "tasks": {STATUS: n for every task status}, "unserved_models": {MODEL: n}}``. ``capacity``
+    is the global capacity computed from the catalogue with ``worker.hard_limit``
+    (:func:`~engine.capacity.registry.load_capacity`);
     INSTANCE is one registry row (:class:`~engine.capacity.registry.InstanceInfo`: ``instance_id``,
     ``status``, ``allocated``, ``desired_capacity``, ``capacity_limit``, ``safe_capacity``,
     ``heavy_capacity``, ``load_mode``, ``active_tasks``, ``preparing_tasks``,
     ``waiting_upstream_tasks``, ``finalizing_tasks``, ``pressure_state``, ``pressure_reason``,
     ``heartbeat_age`` in seconds, ``heartbeat_at``, ``started_at``, ``draining_at``,
-    ``load_sampled_at``, ``pod_uid``, ``pod_name``, ``site``, ``revision``).
+    ``load_sampled_at``, ``pod_uid``, ``pod_name``, ``site``, ``revision``, and ``models``: the
+    models it serves, null for every model). ``unserved_models`` is ``{MODEL: n}``: models with
+    n queued live tasks that no live registered instance serves, so no one claims their jobs.
 ``tasks list [--status S] [--model M] [--limit N]``
     ``{"tasks": [TASK]}``, newest first. TASK is ``{"id", "model", "group_key", "status",
     "phase", "progress", "run_mode", "identity": {...}, "payload", "result", "error",
@@ -77,7 +80,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from engine.capacity.registry import InstanceInfo, list_instances, load_capacity
+from engine.capacity.registry import InstanceInfo, list_instances, load_capacity, unserved_models
 from engine.cli.main import EXIT_OK
 from engine.config import EngineConfig
 from engine.db.bridge import Record
@@ -86,9 +89,10 @@ from engine.errors import TaskError, TaskNotFound
 from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import Job
 from engine.queue.states import JobState
-from engine.service.engine import Engine, open_engine
+from engine.service.engine import Engine
+from engine.service.root import open as open_engine
+from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskEvent, TaskStatus
-from engine.tasks.runner import TaskRunArgs
 from engine.tasks.submit import task_insert_opts
 
 __all__ = [
@@ -120,6 +124,7 @@ _LEADER_GET: Final = QUERIES["leader_get"]
 _MODEL_GET: Final = QUERIES["model_get"]
 _MODEL_LIST: Final = QUERIES["model_list"]
 _GROUP_LIST: Final = QUERIES["group_list"]
+_QUEUED_LIVE_BY_MODEL: Final = QUERIES["task_count_queued_live_by_model"]
 
 _RETRYABLE: Final = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.MANUAL_REVIEW})
 _DEFAULT_LIMIT: Final = 50
@@ -138,7 +143,7 @@ def run_with_engine(config: EngineConfig, body: Callable[[Engine], Awaitable[int
     """
 
     async def main() -> int:
-        async with open_engine(config, execute=False) as eng:
+        async with open_engine(config, control=False) as eng:
             return await body(eng)
 
     return trio.run(main)
@@ -361,6 +366,7 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
     queue_rows = await eng.db.queue.fetch(_QUEUE_LIST)
     task_counts = await eng.counts()
     leader = await eng.db.queue.fetchrow(_LEADER_GET)
+    unserved = await _unserved(eng)
 
     paused: dict[str, datetime | None] = {r["name"]: r["paused_at"] for r in queue_rows}
     queues: dict[str, dict[str, Any]] = {}
@@ -390,6 +396,7 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
                     "instances": [_instance_json(i) for i in instances],
                     "queues": queues,
                     "tasks": tasks,
+                    "unserved_models": unserved,
                 }
             )
         )
@@ -432,16 +439,39 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
         print("queues: none")
     print()
     print("tasks: " + ", ".join(f"{status} {n}" for status, n in tasks.items()))
+    for name, n in unserved.items():
+        noun = "task" if n == 1 else "tasks"
+        print(f"model {name}: {n} queued {noun}, no live instance serves it")
     return EXIT_OK
 
 
+async def _unserved(eng: Engine) -> dict[str, int]:
+    """``{model: queued live tasks}`` for the models with queued live tasks that no live
+    registered instance serves: nothing claims those tasks' jobs until one does."""
+    queued = {r["model"]: int(r["n"]) for r in await eng.db.tasks.fetch(_QUEUED_LIVE_BY_MODEL)}
+    if not queued:
+        return {}
+    worker = eng.config.worker
+    stale_after = worker.refresh_interval * worker.heartbeat_stale_factor
+    names = await unserved_models(eng.db.coordination, queued, stale_after)
+    return {name: queued[name] for name in names}
+
+
 def _instance_json(info: InstanceInfo) -> dict[str, Any]:
-    return attrs.asdict(info)
+    doc = attrs.asdict(info)
+    doc["models"] = None if info.models is None else list(info.models)
+    return doc
+
+
+def _models_cell(models: tuple[str, ...] | None) -> str:
+    if models is None:
+        return "all"
+    return ",".join(models) if models else "simulation only"
 
 
 _INSTANCE_HEADERS: Final = (
     "INSTANCE", "STATUS", "ALLOCATED", "DESIRED", "SAFE", "ACTIVE", "PREPARING", "WAITING",
-    "FINALIZING", "PRESSURE", "HEARTBEAT",
+    "FINALIZING", "PRESSURE", "HEARTBEAT", "MODELS",
 )  # fmt: skip
 
 
@@ -450,7 +480,7 @@ def _instance_row(i: InstanceInfo) -> list[Any]:
     return [
         i.instance_id, i.status, i.allocated, i.desired_capacity, i.safe_capacity,
         i.active_tasks, i.preparing_tasks, i.waiting_upstream_tasks, i.finalizing_tasks,
-        pressure, f"{_age(i.heartbeat_age)} ago",
+        pressure, f"{_age(i.heartbeat_age)} ago", _models_cell(i.models),
     ]  # fmt: skip
 
 
@@ -605,7 +635,11 @@ async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
             if current is None:
                 raise TaskNotFound(f"no task {task_id}")
             raise TaskError(_not_retryable(task_id, TaskStatus(current["status"])))
-        params = prepare(TaskRunArgs(str(task_id)), task_insert_opts(queue), kind=queue.job_kind)
+        params = prepare(
+            TaskRunArgs.for_task(task_id, row["model"], row["run_mode"]),
+            task_insert_opts(queue),
+            kind=queue.job_kind,
+        )
         (inserted,) = await insert_tx(conn, [params], eng.queue.channels.insert)
         if inserted.skipped and inserted.job.state is JobState.RUNNING:
             # Its previous job is still finishing: that run would not pick the task up again.

@@ -12,11 +12,14 @@ for ``--set database.url=...`` and ``--set data_dir=...`` and win over ``--set``
 
 Commands:
 
-``run``
-    Resolve the database (``database.url``, or the embedded server in ``data_dir``), then run
-    :func:`engine.service.main.run_service`, which migrates unless ``database.migrate_on_start``
-    is false. Prints ``engine: running ...`` with the (redacted) database URL once ready. The
-    first SIGINT or SIGTERM shuts down gracefully (exit 0); a second one exits at once (130).
+``run [--app package.module:attr]``
+    Run the service tree (:func:`engine.service.root.serve`, the same tree ``engine.open``
+    runs), with your providers (``--app``, the ``app`` setting or ``ENGINE_APP``), metrics on
+    unless ``metrics.enabled`` is false, and the demo catalogue on an empty database. Prints
+    ``engine: running ...`` with the (redacted) database URL once ready. The first SIGINT or
+    SIGTERM drains (no new claims; running tasks get ``worker.shutdown_drain_timeout``, then are
+    requeued; exit 0), the second requeues what still runs at once, the third exits at once
+    (130).
 ``migrate``
     Apply pending migrations to every configured database and print, per database, the
     versions applied, skipped (River's own schema already there) and already applied.
@@ -52,6 +55,7 @@ reports the engine errors inside as one message each, without a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -62,9 +66,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Final
 
+import attrs
 import trio
 
 from engine._version import __version__
+from engine.cli.catalogue import DEMO_SIMULATION, install_demo_catalogue
 from engine.config import EngineConfig, config_problems_exit_code, load_config
 from engine.db import embedded
 from engine.db.bridge import asyncio_loop
@@ -80,7 +86,9 @@ from engine.db.resolve import (
 )
 from engine.errors import ConfigError, EngineError, leaves
 from engine.logs import configure_logging
-from engine.service.main import run_service
+from engine.providers.simulated import SimulatedProvider
+from engine.service.engine import Engine
+from engine.service.root import serve
 
 __all__ = [
     "EXIT_ERROR",
@@ -178,7 +186,13 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"engine {__version__}")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("run", help="run the engine (the default command)")
+    run = commands.add_parser("run", help="run the engine (the default command)")
+    run.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="your providers: a mapping of model name to provider, or a callable or async "
+        "context manager giving one (the app setting, ENGINE_APP)",
+    )
     commands.add_parser("migrate", help="apply pending database migrations")
     db = commands.add_parser("db", help="manage the embedded PostgreSQL server")
     db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
@@ -210,6 +224,8 @@ def _load(args: argparse.Namespace) -> EngineConfig:
         overrides["database.url"] = args.database_url
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
+    if getattr(args, "app", None) is not None:
+        overrides["app"] = args.app
     return load_config(toml_path=args.config, overrides=overrides)
 
 
@@ -217,63 +233,103 @@ def _load(args: argparse.Namespace) -> EngineConfig:
 # Signals
 
 
-async def _watch_signals(
-    signals: AsyncIterator[int], work: trio.CancelScope, received: list[str]
-) -> None:
+class _Shutdown:
+    """What the signals have asked for so far: the first stops the work (a drain), the second
+    cuts the drain short (``on_second``), the third exits at once."""
+
+    def __init__(self, work: trio.CancelScope) -> None:
+        self.work = work
+        self.received: list[str] = []
+        #: Called on the second signal (the service: requeue what still runs at once).
+        self.on_second: Callable[[], None] | None = None
+
+
+async def _watch_signals(signals: AsyncIterator[int], shutdown: _Shutdown) -> None:
     async for signum in signals:
         name = signal.Signals(signum).name
-        if received:
+        shutdown.received.append(name)
+        count = len(shutdown.received)
+        if count == 1:
+            log.info(
+                "shutting down: draining; send the signal again to requeue running tasks now",
+                extra={"event": "shutdown_requested", "signal": name},
+            )
+            shutdown.work.cancel(reason=f"{name} received")
+        elif count == 2 and shutdown.on_second is not None:
+            print(
+                f"engine: {name} again: requeueing running tasks now "
+                "(once more to exit at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+            shutdown.on_second()
+        else:
             print(f"engine: {name} again: exiting at once", file=sys.stderr, flush=True)
             os._exit(EXIT_INTERRUPTED)
-        received.append(name)
-        log.info(
-            "shutting down; send the signal again to exit at once",
-            extra={"event": "shutdown_requested", "signal": name},
-        )
-        work.cancel(reason=f"{name} received")
 
 
-async def _until_signal(body: Callable[[], Awaitable[None]]) -> str | None:
-    """Run ``body`` until it returns or SIGINT/SIGTERM arrives; return that signal's name.
+async def _until_signal(body: Callable[[_Shutdown], Awaitable[None]]) -> str | None:
+    """Run ``body(shutdown)`` until it returns or SIGINT/SIGTERM arrives; return that signal's
+    name.
 
     The first signal cancels ``body`` (a graceful shutdown: its cleanup runs). The watcher sits
-    outside the cancelled scope, so a second signal during that cleanup ends the process at
-    once with :data:`EXIT_INTERRUPTED`.
+    outside the cancelled scope, so later signals during that cleanup still reach it: the
+    second calls ``shutdown.on_second`` if ``body`` set it (else it exits), the third ends the
+    process at once with :data:`EXIT_INTERRUPTED`.
     """
-    received: list[str] = []
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            work = trio.CancelScope()
-            nursery.start_soon(_watch_signals, signals, work, received)
-            with work:
-                await body()
+            shutdown = _Shutdown(trio.CancelScope())
+            nursery.start_soon(_watch_signals, signals, shutdown)
+            with shutdown.work:
+                await body(shutdown)
             nursery.cancel_scope.cancel(reason="command finished")
-    return received[0] if received else None
+    return shutdown.received[0] if shutdown.received else None
 
 
 # ---------------------------------------------------------------------------------------------
 # Commands
 
 
-def _cmd_run(config: EngineConfig) -> int:
-    async def serve() -> None:
-        async with asyncio_loop(), open_urls(config) as urls:
-            log.info(
-                "database resolved",
-                extra={
-                    "event": "database_resolved",
-                    "url": redact(urls.tasks),
-                    "embedded": not config.database.url,
-                },
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(run_service, config, urls)
-                print(
-                    f"engine: running; database {redact(urls.tasks)} (Ctrl-C to stop)",
-                    flush=True,
-                )
+def service_config(config: EngineConfig) -> EngineConfig:
+    """The configuration as the command line's service runs it: metrics on unless
+    ``metrics.enabled`` says otherwise (an embedded engine has them off unless it says on)."""
+    if config.metrics.enabled is None:
+        return attrs.evolve(config, metrics=attrs.evolve(config.metrics, enabled=True))
+    return config
 
-    signame = trio.run(_until_signal, serve)
+
+async def start_service(
+    config: EngineConfig, nursery: trio.Nursery, shutdown: _Shutdown | None = None
+) -> Engine:
+    """Start the service tree in ``nursery`` as the command line runs it (demo simulation,
+    demo catalogue on an empty database) and print where its metrics are."""
+    eng: Engine = await nursery.start(
+        functools.partial(
+            serve, service_config(config), simulated=SimulatedProvider(DEMO_SIMULATION)
+        )
+    )
+    if shutdown is not None:
+        shutdown.on_second = eng.stop_draining
+    if config.tasks.demo_catalogue:
+        await install_demo_catalogue(eng)
+    if eng.metrics_url is not None:
+        print(f"engine: metrics at {eng.metrics_url}", flush=True)
+    return eng
+
+
+def _cmd_run(config: EngineConfig) -> int:
+    async def run(shutdown: _Shutdown) -> None:
+        async with trio.open_nursery() as nursery:
+            eng = await start_service(config, nursery, shutdown)
+            served = ", ".join(sorted(eng.runner.providers)) or "none (simulation tasks only)"
+            print(
+                f"engine: running; database {redact(eng.urls.tasks)}; models {served} "
+                "(Ctrl-C to stop)",
+                flush=True,
+            )
+
+    signame = trio.run(_until_signal, run)
     if signame is not None:
         log.info("stopped", extra={"event": "shutdown_complete", "signal": signame})
     return EXIT_OK
@@ -286,7 +342,7 @@ def _format_versions(versions: Sequence[int]) -> str:
 def _cmd_migrate(config: EngineConfig) -> int:
     reports: list[tuple[str, MigrationReport]] = []
 
-    async def run_migrations() -> None:
+    async def run_migrations(_shutdown: _Shutdown) -> None:
         db_config = config.database
         async with (
             asyncio_loop(),

@@ -129,10 +129,19 @@ class Counters:
     """Statements sent through :class:`Connection` (and the :class:`Pool` shortcuts)."""
 
 
+#: Loops :func:`asyncio_loop` opened, innermost last: a trio task that did not open a loop itself
+#: (the caller of ``nursery.start(engine.serve, ...)`` using the engine it hands back) runs its
+#: queries on the engine's loop, which only the tasks under it see through the context.
+_opened_loops: list[Any] = []
+
+
 async def call(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
     """Await asyncio callable ``fn`` from trio, with asyncpg errors mapped to engine's tree."""
+    loop = trio_asyncio.current_loop.get()
+    if loop is None and _opened_loops:
+        loop = _opened_loops[-1]
     try:
-        return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)  # type: ignore[no-any-return]
+        return await trio_asyncio.aio_as_trio(fn, loop=loop)(*args, **kwargs)  # type: ignore[no-any-return]
     except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
         raise map_error(exc) from exc
 
@@ -164,7 +173,11 @@ async def asyncio_loop() -> AsyncIterator[None]:
         return
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(log_asyncio_error)
-        yield
+        _opened_loops.append(loop)
+        try:
+            yield
+        finally:
+            _opened_loops.remove(loop)
 
 
 def _json_loads(text: str) -> Any:

@@ -79,7 +79,7 @@ async def open_database(
 
     The reference retries start-up 3 times 2 s apart and then gives up loudly (§5.3); so do we
     (``database.connect_attempts``), and the service retries its whole start on top of that
-    (``worker.startup_attempts``, :func:`engine.service.main.run_service`).
+    (``worker.startup_attempts``, :func:`engine.service.root.serve`).
 
     Raises:
         ConnectionLost: the server could not be reached after every attempt; the message names

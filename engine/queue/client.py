@@ -1,13 +1,21 @@
 """The queue client: insert, control, and the services that execute jobs.
 
-``open_queue`` starts the process-wide queue services as siblings (notifier, completer and,
-when the process executes jobs, the leader elector with its maintenance) and a nursery for
-generations. Leaving the block stops every generation (drain up to ``stop_timeout``, then
-cancel), and only then lets the completer make its last flush::
+A :class:`QueueClient` is made by :func:`make_queue_client` and runs three services: the
+completer (:meth:`QueueClient.run_completer`, shielded: it outlives every generation and flushes
+their last outcomes), the notifier (:meth:`QueueClient.run_notifier`: LISTEN, fanned out to
+producers and to control messages) and, when the process executes jobs, the leader elector with
+its maintenance (:meth:`QueueClient.make_elector`). It *makes* generations
+(:meth:`QueueClient.make_generation`); whoever sizes them runs them in its own nursery (the
+service's capacity source, ``engine.capacity``).
+
+:func:`open_queue` is the queue on its own, as River's client is: the three services and a
+nursery for generations started with :meth:`QueueClient.start_generation`. Leaving the block
+stops every generation (drain up to ``stop_timeout``, then cancel), and only then lets the
+completer make its last flush::
 
     services nursery
-    ├── notifier           LISTEN, fan-out to producers and control
     ├── completer          shielded; ends when every generation's channel clone is closed
+    ├── notifier           LISTEN, fan-out to producers and control
     ├── elector            leader only: scheduler, cleaner
     └── generations nursery
         ├── generation 1   fetch scope ⊂ work scope
@@ -45,7 +53,7 @@ from engine.queue.slots import SlotPool
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
 
-__all__ = ["QueueClient", "make_instance_id", "open_queue"]
+__all__ = ["QueueClient", "make_instance_id", "make_queue_client", "open_queue"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,8 @@ _RETRY = QUERIES["job_retry"]
 _PAUSE = QUERIES["queue_pause"]
 _RESUME = QUERIES["queue_resume"]
 _COUNTS = QUERIES["job_count_by_state"]
+_SCHEMA = "SELECT current_schema()"
+_NOTIFY = "SELECT pg_notify($1, $2)"
 
 
 def make_instance_id() -> str:
@@ -96,6 +106,7 @@ class QueueClient:
         #: Called with the seconds each claim statement took (metrics).
         self.on_claim: Callable[[float], None] | None = None
         self._nursery: trio.Nursery | None = None
+        self._completer_scope = trio.CancelScope(shield=True)
 
     # ---- inserting -------------------------------------------------------------------------
 
@@ -171,7 +182,7 @@ class QueueClient:
             job = Job.from_record(row)
             if job.state is JobState.RUNNING:
                 await conn.execute(
-                    "SELECT pg_notify($1, $2)",
+                    _NOTIFY,
                     self.channels.control,
                     json.dumps({"action": "cancel", "job_id": job_id, "queue": job.queue}),
                 )
@@ -206,11 +217,21 @@ class QueueClient:
         """``<instance>-exec-<capacity>-<nanos>`` as the reference names execution clients."""
         return f"{self.instance_id}-exec-{capacity}-{time.time_ns()}"
 
-    async def start_generation(self, queues: Mapping[str, int]) -> Generation:
-        """Start a new generation fetching ``queues`` (name → max_workers); returns once it
-        is fetching. Stop it with ``stop()`` / ``stop_and_cancel()``."""
-        if self._nursery is None or self.workers is None:
-            raise RuntimeError("start_generation needs open_queue(..., workers=...)")
+    def make_generation(
+        self,
+        queues: Mapping[str, int],
+        *,
+        args_filter: tuple[str, tuple[str, ...]] | None = None,
+    ) -> Generation:
+        """A new generation fetching ``queues`` (name → max_workers), not started yet: run it
+        with ``await nursery.start(generation.run)`` in the nursery that owns it. While it
+        runs it is listed in :attr:`generations`.
+
+        ``args_filter`` ``(key, values)`` claims only jobs whose args lack ``key`` or hold one of
+        ``values`` there (None: every job).
+        """
+        if self.workers is None:
+            raise RuntimeError("make_generation needs a queue client made with workers")
         generation = Generation(
             GenerationConfig(
                 client_id=self.client_id(sum(queues.values())),
@@ -219,6 +240,7 @@ class QueueClient:
                 poll_interval=self.config.fetch_poll_interval,
                 claim_timeout=self.config.hot_operation_timeout,
                 job_timeout=self.config.job_timeout,
+                **({} if args_filter is None else {"args_filter": args_filter}),
             ),
             pool=self.db.queue,
             workers=self.workers,
@@ -227,16 +249,18 @@ class QueueClient:
             slots=self.slots,
             cancel_scopes=self.cancel_scopes,
             on_claim=lambda seconds: self.on_claim(seconds) if self.on_claim else None,
+            on_stopped=self.generations.remove,
         )
         self.generations.append(generation)
+        return generation
 
-        async def run(*, task_status: trio.TaskStatus[None]) -> None:
-            try:
-                await generation.run(task_status=task_status)
-            finally:
-                self.generations.remove(generation)
-
-        await self._nursery.start(run)
+    async def start_generation(self, queues: Mapping[str, int]) -> Generation:
+        """Start a generation in :func:`open_queue`'s own nursery; returns once it is fetching.
+        Stop it with ``stop()`` / ``stop_and_cancel()``."""
+        if self._nursery is None:
+            raise RuntimeError("start_generation needs the block of open_queue(..., workers=...)")
+        generation = self.make_generation(queues)
+        await self._nursery.start(generation.run)
         return generation
 
     async def stop_all(self, timeout: float) -> None:
@@ -250,6 +274,44 @@ class QueueClient:
             generation.stop_and_cancel("queue client closing: drain timed out")
         for generation in list(self.generations):
             await generation.stopped.wait()
+
+    def make_elector(self) -> Elector:
+        """The leader elector, which runs the scheduler and the cleaner while it leads."""
+        self.elector = Elector(
+            self.db.queue,
+            self.notifier,
+            ElectorConfig(
+                leader_id=f"{self.instance_id}-leader",
+                interval=self.config.leader_elect_interval,
+                ttl=self.config.leader_ttl,
+            ),
+            self._lead,
+        )
+        return self.elector
+
+    async def run_completer(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the completer, shielded from the outside: it must outlive the generations and
+        flush their last outcomes. It ends once :meth:`close_completer` was called and every
+        generation's channel clone is closed, or at the deadline that call sets."""
+        with self._completer_scope:
+            await self.completer.run(task_status=task_status)
+
+    async def close_completer(self) -> None:
+        """Close the completer's channel and bound its final flush
+        (``final_flush_timeout``)."""
+        await self.completer.close()
+        self._completer_scope.deadline = (
+            trio.current_time() + self.completer.config.final_flush_timeout
+        )
+
+    async def run_notifier(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the notifier with this client's control handler (remote job cancels)."""
+        with self.notifier.subscribe_control(self._on_control):
+            await self.notifier.run(task_status=task_status)
 
     async def _lead(self) -> None:
         cfg = self.config
@@ -270,24 +332,18 @@ class QueueClient:
             nursery.start_soon(cleaner.run)
 
 
-@asynccontextmanager
-async def open_queue(
+async def make_queue_client(
     db: Database,
     config: QueueConfig,
     *,
     workers: Workers | None = None,
     instance_id: str | None = None,
-    stop_timeout: float = 10.0,
     slots: SlotPool | None = None,
-) -> AsyncIterator[QueueClient]:
-    """Open a queue client; with ``workers`` it can execute jobs and campaigns for leadership.
-
-    Leaving the block drains generations for up to ``stop_timeout`` seconds, cancels the rest
-    (each records its outcome), and flushes every completion before returning.
-    """
-    schema = await db.queue.fetchval("SELECT current_schema()")
+) -> QueueClient:
+    """A queue client on ``db``; with ``workers`` it can execute jobs. Its services are not
+    running yet (see the module docstring)."""
+    schema = await db.queue.fetchval(_SCHEMA)
     channels = Channels.for_schema(schema)
-    notifier = Notifier(db.queue.dsn, channels)
     completer = Completer(
         db.queue,
         CompleterConfig(
@@ -300,51 +356,52 @@ async def open_queue(
         ),
         notify_channel=channels.insert,
     )
-    client = QueueClient(
+    return QueueClient(
         db,
         config,
         workers=workers,
         instance_id=instance_id or make_instance_id(),
         channels=channels,
-        notifier=notifier,
+        notifier=Notifier(db.queue.dsn, channels),
         completer=completer,
         slots=slots or SlotPool(math.inf),
     )
-    completer_scope = trio.CancelScope(shield=True)
 
-    async def run_completer(*, task_status: trio.TaskStatus[None]) -> None:
-        # Shielded from the outside: it must outlive the generations and flush their last
-        # outcomes; it ends when the channel closes, or at the deadline set on the way out.
-        with completer_scope:
-            await completer.run(task_status=task_status)
 
+@asynccontextmanager
+async def open_queue(
+    db: Database,
+    config: QueueConfig,
+    *,
+    workers: Workers | None = None,
+    instance_id: str | None = None,
+    stop_timeout: float = 10.0,
+    slots: SlotPool | None = None,
+) -> AsyncIterator[QueueClient]:
+    """Open a queue client on its own; with ``workers`` it can execute jobs and campaigns for
+    leadership.
+
+    Leaving the block drains generations for up to ``stop_timeout`` seconds, cancels the rest
+    (each records its outcome), and flushes every completion before returning.
+    """
+    client = await make_queue_client(
+        db, config, workers=workers, instance_id=instance_id, slots=slots
+    )
     async with trio.open_nursery() as services:
-        await services.start(run_completer)
+        await services.start(client.run_completer)
         try:
-            await services.start(notifier.run)
-            with notifier.subscribe_control(client._on_control):
-                if workers is not None:
-                    client.elector = Elector(
-                        db.queue,
-                        notifier,
-                        ElectorConfig(
-                            leader_id=f"{client.instance_id}-leader",
-                            interval=config.leader_elect_interval,
-                            ttl=config.leader_ttl,
-                        ),
-                        client._lead,
-                    )
-                    await services.start(client.elector.run)
-                async with trio.open_nursery() as generations:
-                    client._nursery = generations
-                    try:
-                        yield client
-                    finally:
-                        with trio.CancelScope(shield=True):
-                            with trio.move_on_after(stop_timeout + 5.0):
-                                await client.stop_all(stop_timeout)
-                    client._nursery = None
+            await services.start(client.run_notifier)
+            if workers is not None:
+                await services.start(client.make_elector().run)
+            async with trio.open_nursery() as generations:
+                client._nursery = generations
+                try:
+                    yield client
+                finally:
+                    with trio.CancelScope(shield=True):
+                        with trio.move_on_after(stop_timeout + 5.0):
+                            await client.stop_all(stop_timeout)
+                client._nursery = None
         finally:
-            await completer.close()
-            completer_scope.deadline = trio.current_time() + completer.config.final_flush_timeout
+            await client.close_completer()
             services.cancel_scope.cancel(reason="queue client closed")

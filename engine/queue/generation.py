@@ -24,7 +24,7 @@ from engine.db.bridge import Pool
 from engine.queue.completer import Completer
 from engine.queue.job import Job
 from engine.queue.notifier import Notifier
-from engine.queue.producer import Producer, ProducerConfig
+from engine.queue.producer import Producer, ProducerConfig, normalize_args_filter
 from engine.queue.runners import Runners
 from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
@@ -48,6 +48,12 @@ class GenerationConfig:
     job_timeout: float | None = None
     """Deadline of a job whose worker has no timeout of its own; None means none (River's
     client ``JobTimeout``, reference-semantics §4.3)."""
+    args_filter: tuple[str, tuple[str, ...]] | None = attrs.field(
+        default=None, converter=normalize_args_filter
+    )
+    """``(key, values)``: every producer of the generation claims only jobs whose args lack
+    ``key`` (or hold null there) or hold one of ``values``; None claims every job (see
+    :mod:`engine.queue.producer`)."""
 
 
 class Generation:
@@ -64,6 +70,7 @@ class Generation:
         slots: SlotPool,
         cancel_scopes: dict[int, trio.CancelScope],
         on_claim: Callable[[float], None] | None = None,
+        on_stopped: Callable[[Generation], None] | None = None,
     ) -> None:
         for queue, max_workers in config.queues.items():
             if not 1 <= max_workers <= 10_000:
@@ -77,6 +84,8 @@ class Generation:
         self.slots = slots
         self.cancel_scopes = cancel_scopes
         self.on_claim = on_claim
+        #: Called with this generation once it has ended (the client stops listing it).
+        self.on_stopped = on_stopped
         self.producers: list[Producer] = []
         self._fetch_scope: trio.CancelScope | None = None
         self._work_scope: trio.CancelScope | None = None
@@ -136,6 +145,7 @@ class Generation:
                             "generation": self.number,
                             "client_id": self.config.client_id,
                             "queues": dict(self.config.queues),
+                            "args_filter": self.config.args_filter,
                         },
                     )
                     task_status.started()
@@ -149,6 +159,8 @@ class Generation:
                 await sender.aclose()
             self.fetching_stopped.set()
             self.stopped.set()
+            if self.on_stopped is not None:
+                self.on_stopped(self)
             log.info(
                 "generation stopped",
                 extra={"event": "generation_stopped", "generation": self.number},
@@ -176,6 +188,7 @@ class Generation:
                     cooldown=self.config.cooldown,
                     poll_interval=self.config.poll_interval,
                     claim_timeout=self.config.claim_timeout,
+                    args_filter=self.config.args_filter,
                 ),
                 self.pool,
                 wakeup,

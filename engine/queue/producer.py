@@ -16,6 +16,12 @@ process warm).
 
 The claim runs shielded with a deadline: a claim the server committed but we never read would
 leave jobs running with no one working them.
+
+An optional args filter narrows what the producer claims (``ProducerConfig.args_filter``,
+``(key, values)``): a job is claimable when its args lack ``key`` (or hold null there) or hold
+one of ``values``. The queue knows nothing of what the key means; the task layer routes jobs by
+model with it (:func:`engine.tasks.jobs.model_claim_filter`). Without a filter every job is
+claimable, as before.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import attrs
 import trio
@@ -36,12 +42,35 @@ from engine.queue.job import Job
 from engine.queue.notifier import Wakeup
 from engine.queue.slots import SlotPool
 
-__all__ = ["Producer", "ProducerConfig"]
+__all__ = ["Producer", "ProducerConfig", "normalize_args_filter"]
 
 log = logging.getLogger(__name__)
 
 _CLAIM = QUERIES["job_get_available_completing"]
 _QUEUE_UPSERT = QUERIES["queue_upsert"]
+
+
+def normalize_args_filter(
+    value: tuple[str, Iterable[str]] | None,
+) -> tuple[str, tuple[str, ...]] | None:
+    """Check an args filter ``(key, values)`` and return it with ``values`` as a sorted tuple.
+
+    Raises:
+        ValueError: an empty key, a bare string for ``values`` (it would filter on its
+            letters), or a value that is not a string.
+    """
+    if value is None:
+        return None
+    key, values = value
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"args filter key must be a non-empty str, got {key!r}")
+    if isinstance(values, str):
+        raise ValueError("args filter values must be a collection of str, not a str")
+    listed = list(values)
+    for item in listed:
+        if not isinstance(item, str):
+            raise ValueError(f"args filter values must be str, got {item!r}")
+    return (key, tuple(sorted(set(listed))))
 
 
 @attrs.frozen
@@ -61,6 +90,11 @@ class ProducerConfig:
     #: Most jobs one claim takes. Smaller claims start their first jobs sooner; 32 measured best
     #: for 100 workers of 50 ms jobs (sleepy benchmark) without costing the no-op burn-down.
     claim_max: int = 32
+    #: ``(key, values)``: claim only jobs whose args lack ``key`` or hold one of ``values``;
+    #: None claims every job.
+    args_filter: tuple[str, tuple[str, ...]] | None = attrs.field(
+        default=None, converter=normalize_args_filter
+    )
 
 
 class Producer:
@@ -89,6 +123,9 @@ class Producer:
         self.fetches = 0
         self._fetch_when_free = False
         self._in_flight = 0
+        key, values = config.args_filter or (None, None)
+        self._filter_key: str | None = key
+        self._filter_values: list[str] | None = None if values is None else list(values)
 
     def free_slots(self) -> int:
         """How many jobs this producer may claim now."""
@@ -212,7 +249,14 @@ class Producer:
         try:
             with trio.move_on_after(self.config.claim_timeout, shield=True) as timer:
                 rows = await conn.fetch(
-                    _CLAIM, self.config.queue, limit, self.config.client_id, None, carried
+                    _CLAIM,
+                    self.config.queue,
+                    limit,
+                    self.config.client_id,
+                    None,
+                    carried,
+                    self._filter_key,
+                    self._filter_values,
                 )
         except BaseException:
             self.completer.return_plain(carried)

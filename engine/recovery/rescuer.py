@@ -13,7 +13,7 @@ from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.queue.insert import insert_tx, prepare
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.submit import task_insert_opts
 
 __all__ = ["RecoveryReport", "Rescuer"]
@@ -131,7 +131,7 @@ class Rescuer:
                 return 0
             params = [
                 prepare(
-                    TaskRunArgs(str(r["id"])),
+                    TaskRunArgs.for_task(r["id"], r["model"], r["run_mode"]),
                     task_insert_opts(cfg.queue, r["next_run_at"]),
                     kind=cfg.queue.job_kind,
                 )

@@ -1,51 +1,38 @@
-"""The engine as a library: ``async with engine.open(config, providers=...) as eng``.
+"""The open engine: what :func:`engine.open` yields and :func:`engine.serve` hands back.
 
-Opening it connects (or starts the embedded server), migrates, and starts the services as
-siblings; leaving the block stops executions (draining, then cancelling after
-``worker.stop_timeout``), records every outcome, and closes everything::
-
-    services nursery
-    ├── event writer       task history, batched
-    ├── task notices       LISTEN: finished tasks wake wait(), cancels reach executions
-    ├── lease keeper       renews this process's execution leases, one statement per round
-    └── queue client       notifier, completer, elector, generations (see engine.queue.client)
-
-``execute=False`` is client-only mode (§5.3): submit, wait and cancel, no execution.
+An :class:`Engine` submits tasks, waits for them, cancels and reads them; the services that
+run them live in the one service tree of :mod:`engine.service.root`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import trio
 
 from engine.capacity.refresher import CATALOG_CHANNEL
+from engine.capacity.room import ShutdownPolicy
 from engine.config import EngineConfig
-from engine.db.bridge import Connection, asyncio_loop
-from engine.db.database import Database, DatabaseUrls, open_database
-from engine.db.resolve import migrate_databases, open_urls
+from engine.db.bridge import Connection
+from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
 from engine.errors import TaskNotFound
 from engine.load.controller import LoadController
-from engine.load.retry_delay import worker_load_retry_delay
+from engine.metrics import Metrics
 from engine.providers.base import Provider
-from engine.providers.simulated import SimulatedProvider
-from engine.queue.client import QueueClient, make_instance_id, open_queue
-from engine.queue.slots import SlotPool
-from engine.queue.workers import Workers
+from engine.queue.client import QueueClient
+from engine.service.health import Health
 from engine.tasks.models import Task, TaskEvent, TaskRequest, TaskStatus
 from engine.tasks.notices import CANCEL_CHANNEL, TaskNotices
-from engine.tasks.runner import LeaseKeeper, TaskRunArgs, TaskRunner
+from engine.tasks.runner import LeaseKeeper, TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 from engine.tasks.submit import submit_tasks
 
-__all__ = ["Engine", "open_engine"]
+__all__ = ["CapacitySource", "Engine"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +46,15 @@ _EVENTS = QUERIES["task_event_list"]
 _COUNTS = QUERIES["task_count_by_status"]
 _MODEL_UPSERT = QUERIES["model_upsert"]
 _GROUP_UPSERT = QUERIES["group_upsert"]
+
+
+class CapacitySource(Protocol):
+    """What decides how many jobs this process runs: the registry refresher or a fixed size."""
+
+    @property
+    def capacity(self) -> int:
+        """The jobs this process may run now."""
+        ...
 
 
 def _check_interval(rate_interval: float) -> None:
@@ -78,7 +74,13 @@ class Engine:
         notices: TaskNotices,
         keeper: LeaseKeeper,
         runner: TaskRunner,
-        simulated: Provider,
+        *,
+        event_writer: EventWriter,
+        urls: DatabaseUrls,
+        metrics: Metrics,
+        health: Health,
+        policy: ShutdownPolicy,
+        load: LoadController | None = None,
     ) -> None:
         self.config = config
         self.db = db
@@ -87,9 +89,34 @@ class Engine:
         self.notices = notices
         self.keeper = keeper
         self.runner = runner
-        self.simulated = simulated
-        #: Where the service serves its metrics (set by ``run_service``; None otherwise).
+        self.event_writer = event_writer
+        #: Where the databases are (for display: redact before printing).
+        self.urls = urls
+        #: The process's metrics (collected always, served when ``metrics.enabled``).
+        self.metrics = metrics
+        self.health = health
+        #: How generations stop when the engine stops (see :meth:`stop_draining`).
+        self.policy = policy
+        self.load = load
+        #: The capacity source that owns the generations (None in client mode).
+        self.capacity: CapacitySource | None = None
+        #: Where the metrics are served (None when ``metrics.enabled`` is off).
         self.metrics_url: str | None = None
+
+    @property
+    def simulated(self) -> Provider:
+        """The provider of simulation tasks."""
+        return self.runner.simulated
+
+    @property
+    def ready(self) -> bool:
+        """True while the engine is up and every supervised service runs (``/readyz``)."""
+        return self.health.ready()
+
+    def stop_draining(self) -> None:
+        """Cut a shutdown's drain short: tasks still running are requeued at once (the
+        service's second SIGINT or SIGTERM). Before a stop it only arms that for the stop."""
+        self.policy.hurry()
 
     @property
     def instance_id(self) -> str:
@@ -284,112 +311,3 @@ class Engine:
             float(rate_interval),
             CATALOG_CHANNEL,
         )
-
-
-@asynccontextmanager
-async def open_engine(
-    config: EngineConfig,
-    *,
-    providers: Mapping[str, Provider] | None = None,
-    simulated: Provider | None = None,
-    urls: DatabaseUrls | None = None,
-    load: LoadController | None = None,
-    execute: bool | None = None,
-    max_workers: int | None = None,
-    slots: SlotPool | None = None,
-    fixed_generation: bool = True,
-) -> AsyncIterator[Engine]:
-    """Open an engine; see the module docstring.
-
-    Args:
-        config: the configuration (``engine.config.load_config()``).
-        providers: a provider per model name, for ``live`` tasks.
-        simulated: the provider for ``simulation`` tasks (default: a zero-latency one).
-        urls: where the databases are (default: resolved from ``config``, starting the embedded
-            server if no URL is configured).
-        load: the worker-load controller (None: no load control).
-        execute: run tasks in this process (default: ``worker.mode == "worker"``).
-        max_workers: concurrent executions of this process (default: the instance hard limit,
-            else the global hard limit).
-        slots: the process-wide claim limit shared by every generation (default: unbounded).
-        fixed_generation: start one generation of ``max_workers`` (the service passes False
-            and lets the capacity refresher size generations instead).
-    """
-    execute = config.worker.mode == "worker" if execute is None else execute
-    dbc = config.database
-    async with AsyncExitStack() as stack:
-        await stack.enter_async_context(asyncio_loop())
-        if urls is None:
-            urls = await stack.enter_async_context(open_urls(config))
-        db = await stack.enter_async_context(
-            open_database(
-                urls,
-                min_size=dbc.pool_min_size,
-                max_size=dbc.pool_max_size,
-                statement_cache_size=dbc.statement_cache_size,
-                lock_timeout=dbc.lock_timeout,
-                command_timeout=dbc.command_timeout,
-                attempts=dbc.connect_attempts,
-                retry_delay=dbc.connect_retry_delay,
-            )
-        )
-        if dbc.migrate_on_start:
-            await migrate_databases(db)
-        instance_id = config.instance_name or make_instance_id()
-        store = TaskStore(db.tasks, instance_id, lease_ttl=config.tasks.lease_ttl)
-        events = EventWriter(db.tasks)
-        keeper = LeaseKeeper(store, config.tasks.lease_renew_interval)
-        sim = simulated or SimulatedProvider()
-        runner = TaskRunner(
-            store,
-            events,
-            keeper,
-            dict(providers or {}),
-            simulated=sim,
-            instance_id=instance_id,
-            load=load,
-            lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
-            queue_timeout=config.admission.queue_timeout,
-            catalog=db.coordination,
-            load_retry_delay=functools.partial(
-                worker_load_retry_delay,
-                base=config.load.retry_base,
-                spread_ms=config.load.retry_spread_ms,
-            ),
-        )
-        notices = TaskNotices(db.tasks.dsn, keeper.cancel)
-        workers = Workers()
-        workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
-        services = await stack.enter_async_context(trio.open_nursery())
-        # Shielded like the completer: events emitted while generations stop (requeues at
-        # shutdown) must still be written, so the writer ends only after the queue closes.
-        events_scope = trio.CancelScope(shield=True)
-
-        async def run_events(*, task_status: trio.TaskStatus[None]) -> None:
-            with events_scope:
-                await events.run(task_status=task_status)
-
-        await services.start(run_events)
-        await services.start(notices.run)
-        await services.start(keeper.run)
-        try:
-            async with open_queue(
-                db,
-                config.queue,
-                workers=workers if execute else None,
-                instance_id=instance_id,
-                stop_timeout=config.worker.stop_timeout,
-                slots=slots or SlotPool(),
-            ) as queue:
-                engine = Engine(config, db, queue, store, notices, keeper, runner, sim)
-                if execute and fixed_generation:
-                    size = (
-                        max_workers or config.worker.instance_hard_limit or config.worker.hard_limit
-                    )
-                    await queue.start_generation({config.queue.name: size})
-                yield engine
-        finally:
-            # Only now, with the queue closed (generations stopped, every outcome recorded),
-            # does the event writer make its last flush.
-            events_scope.cancel()
-            services.cancel_scope.cancel(reason="engine closed")

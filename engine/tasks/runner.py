@@ -8,39 +8,65 @@ The job handler, row by row (each row is a test in ``engine_tests/tasks/test_run
 | -  | the task does not exist                     | completed, with a warning                    |
 | 2  | the task is final                           | completed (no-op run)                        |
 | 3  | the worker load refuses a start             | snooze 250–750 ms (§5.9), no attempt used    |
-| 4  | run with a fresh token                      |                                              |
+| 4  | run with a fresh token (the lease claim)    |                                              |
+| -  | no provider here for the live task's model  | task handed back (queued, attempt given      |
+|    |                                             | back, event task.handed_back); snooze        |
+|    |                                             | ``handback_delay`` (5 s), no attempt used    |
+| -  | a limited scope is full (admission)         | completed; the task waits in line, queued    |
+|    |                                             | (the dispatcher enqueues a new job)          |
 | 5  | the run ends (succeeded or failed upstream) | completed                                    |
 | 6  | the lease is held by another live token     | completed                                    |
-| 7  | ambiguous upstream submission               | completed; task in manual_review             |
-| 8  | the task is queued with a delay             | snooze(delay)                                |
+| 7  | ambiguous upstream submission, or the       | completed; task in manual_review             |
+|    | provider's own exception in ``submit``      |                                              |
+| 8  | the task is queued with a delay (not due,   | snooze(delay)                                |
+|    | or a scope's rate limit is spent)           |                                              |
 | 9  | hard stop (cancelled)                       | task requeued (shielded), job available now  |
 | 10 | lock timeout (55P03) before submission      | task requeued in 1 s + event, snooze 1 s     |
 | -  | the database connection is lost             | task requeued, snooze 1 s                    |
+| -  | a provider method raises its own exception  | task failed, ``provider_exception`` naming   |
+|    | (prepare, poll, finalize)                   | the type and the phase; job completed        |
 | 11 | anything else                               | task failed (fenced), job completed          |
 
 The job is only the execution ticket: business outcomes live in the task row, and the job is
-retried only for infrastructure errors (#1, #9 when the requeue fails, #10 when it errors).
+retried only for infrastructure errors (#1, #9 when the requeue fails, #10 when it errors, a
+hand-back whose write fails).
+
+A task is ``running`` only while an execution runs it, and ``attempts`` counts those
+executions. The claim of a task whose model or group has a concurrency or rate limit holds the
+lease but leaves the task ``queued`` (``sql/queries/engine_task.sql``); the admission gate
+starts it (``running``, attempt counted) in the transaction that takes its slots, so waiting
+for a slot, or for a scope's lock, is never shown as running. A task this process cannot run
+(a live model with no provider here) is handed back before any provider method runs, with the
+attempt its claim counted given back, so an instance that serves the model runs it.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, TypeVar
 
-import attrs
 import trio
 
 from engine.admission.gate import RateLimited, ScopeCatalog, Waiting, admit
 from engine.db.bridge import Pool
-from engine.errors import ConnectionLost, LeaseUnavailable, LockTimeout, ManualReview
+from engine.db.sqlfiles import QUERIES
+from engine.errors import (
+    ConnectionLost,
+    EngineError,
+    LeaseUnavailable,
+    LockTimeout,
+    ManualReview,
+)
 from engine.load.controller import LoadController, LoadLease, Phase
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.providers.base import AmbiguousSubmission, Provider, ProviderError
 from engine.queue.job import Job, JobSnooze
+from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
 from engine.tasks.store import EventWriter, TaskStore
 
@@ -48,13 +74,14 @@ __all__ = ["LeaseKeeper", "TaskQueued", "TaskRunArgs", "TaskRunner"]
 
 log = logging.getLogger(__name__)
 
+_HAND_BACK = QUERIES["task_hand_back"]
+#: Seconds the hand-back's write may take (it records a requeue: shielded, bounded).
+_HAND_BACK_TIMEOUT = 10.0
+#: Tasks whose hand-back this runner remembers, so a task that keeps coming back to an
+#: instance without its provider gets one event and one log line from it, not one per snooze.
+_HANDED_BACK_MEMORY = 10_000
 
-@attrs.frozen
-class TaskRunArgs:
-    """The job's args: which task to run (§2: ``{"task_id": "<uuid>"}``, unique by it)."""
-
-    kind: ClassVar[str] = "gateway_task_run"
-    task_id: str = attrs.field(metadata={"unique": True})
+_T = TypeVar("_T")
 
 
 class TaskQueued(Exception):
@@ -65,15 +92,50 @@ class TaskQueued(Exception):
         self.delay = delay
 
 
+class _ProviderCrash(Exception):
+    """A provider method raised an exception of its own (not a ProviderError or an
+    AmbiguousSubmission, which are its answers, nor an engine error, which keeps its path)."""
+
+    def __init__(self, phase: str, original: Exception) -> None:
+        super().__init__(f"{type(original).__name__} in {phase}: {original}")
+        self.phase = phase
+        self.original = original
+
+    def error(self, code: str = "provider_exception", note: str = "") -> dict[str, Any]:
+        """The task's ``error``: what was raised, and by which provider method."""
+        text = str(self.original)
+        message = f"{type(self.original).__name__} in {self.phase}" + (f": {text}" if text else "")
+        return {
+            "code": code,
+            "message": message + note,
+            "type": type(self.original).__name__,
+            "phase": self.phase,
+        }
+
+
+async def _provider_call(phase: str, call: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+    """Await ``call(*args)``, a provider method, naming ``phase`` on an exception of its own."""
+    try:
+        return await call(*args)
+    except (EngineError, ProviderError, AmbiguousSubmission):
+        raise
+    except Exception as exc:
+        raise _ProviderCrash(phase, exc) from exc
+
+
 class _Run:
     """One run of the handler: the task it runs, known once the lease claim returns it."""
 
-    __slots__ = ("task", "task_id", "token")
+    __slots__ = ("handing_back", "started", "task", "task_id", "token")
 
     def __init__(self, task_id: uuid.UUID, token: uuid.UUID) -> None:
         self.task_id = task_id
         self.token = token
         self.task: Task | None = None
+        #: True once the task runs under this token (not while its claim waits for admission).
+        self.started = False
+        #: True while the run hands the task back (its write failing retries the job).
+        self.handing_back = False
 
 
 class _Execution:
@@ -173,6 +235,7 @@ class TaskRunner:
         queue_timeout: float | None = None,
         catalog: Pool | None = None,
         load_retry_delay: Callable[[str], float] = worker_load_retry_delay,
+        handback_delay: float = 5.0,
     ) -> None:
         self.store = store
         self.events = events
@@ -184,6 +247,10 @@ class TaskRunner:
         self.lock_timeout_delay = lock_timeout_delay
         self.queue_timeout = queue_timeout
         self.load_retry_delay = load_retry_delay
+        #: Seconds a job of a task handed back (no provider here) snoozes before any instance
+        #: claims it again.
+        self.handback_delay = handback_delay
+        self._handed_back: OrderedDict[uuid.UUID, None] = OrderedDict()
         #: Seconds a stop waits for an upstream submission already under way to answer.
         self.submit_grace = 10.0
         self.scopes = ScopeCatalog(store.pool, catalog)
@@ -192,17 +259,12 @@ class TaskRunner:
         #: Called with (phase, seconds) as each phase of an execution ends (metrics).
         self.on_phase: Callable[[str, float], None] | None = None
 
-    def provider_for(self, task: Task) -> Provider:
-        """The simulated provider for simulation runs, else the one registered for the model
-        (or, failing that, under the model's configured provider name)."""
+    def provider_for(self, task: Task) -> Provider | None:
+        """The simulated provider for simulation runs, else the one registered for the model;
+        None when this process has none for it (the task is handed back)."""
         if task.simulated:
             return self.simulated
-        provider = self.providers.get(task.model)
-        if provider is None:
-            raise ProviderError(
-                f"no provider is registered for model {task.model!r}", code="no_provider"
-            )
-        return provider
+        return self.providers.get(task.model)
 
     def emit(self, task: Task, type_: str, **fields: Any) -> None:
         """Append an event to ``task``'s history (buffered)."""
@@ -238,10 +300,12 @@ class TaskRunner:
             await self._execute(run, job, lease)  # 4, 5
         except LeaseUnavailable:  # 6
             return
-        except ManualReview:  # 7
+        except ManualReview as exc:  # 7
+            crash = exc.__cause__ if isinstance(exc.__cause__, _ProviderCrash) else None
             log.warning(
                 "moved to manual review after ambiguous upstream submission",
                 extra={"event": "task_manual_review", "task_id": str(task_id)},
+                exc_info=None if crash is None else crash.original,
             )
             return
         except TaskQueued as queued:  # 8
@@ -288,13 +352,18 @@ class TaskRunner:
                 },
             )
             raise JobSnooze(self.lock_timeout_delay) from exc
+        except _ProviderCrash as crash:
+            await self._fail(run, crash.original, error=crash.error())
         except Exception as exc:
-            if run.task is None:
-                raise  # 1: the claim (our read) failed; the job is retried with backoff
+            if run.task is None or run.handing_back:
+                # 1: the claim (our read) failed, or the write handing the task back did: the
+                # job is retried with backoff (the task is not ours to fail).
+                raise
             await self._fail(run, exc)  # 11
         except BaseException:  # 9: a hard stop; requeue so another worker takes it at once
             status = await self.store.requeue(task_id, run.token)
-            if status is not None and run.task is not None:
+            # A claim stopped while it waited for admission never ran: nothing to tell.
+            if status is not None and run.task is not None and run.started:
                 self.emit(
                     run.task,
                     "task.requeued",
@@ -321,12 +390,22 @@ class TaskRunner:
         current = await self.store.get_now(task_id)
         return current is not None and current.status is TaskStatus.QUEUED
 
-    async def _fail(self, run: _Run, exc: BaseException) -> None:
+    async def _fail(
+        self, run: _Run, exc: BaseException, *, error: dict[str, Any] | None = None
+    ) -> None:
+        if error is None:
+            error = {"code": "internal_error", "message": str(exc) or type(exc).__name__}
         log.warning(
             "river async task completed with failure",
-            extra={"event": "task_failed", "task_id": str(run.task_id), "error": repr(exc)},
+            extra={
+                "event": "task_failed",
+                "task_id": str(run.task_id),
+                "error": repr(exc),
+                "code": error["code"],
+                **({"phase": error["phase"]} if "phase" in error else {}),
+            },
+            exc_info=exc,
         )
-        error = {"code": "internal_error", "message": str(exc) or type(exc).__name__}
         if await self.store.finish(run.task_id, run.token, TaskStatus.FAILED, error=error):
             self.events.forget_phase(run.task_id)
             if self.on_finished is not None:
@@ -352,17 +431,11 @@ class TaskRunner:
                 raise TaskQueued((current.next_run_at - now).total_seconds())
             raise LeaseUnavailable()  # leased elsewhere, final, missing or being cancelled
         task = run.task = claimed
-        self.emit(
-            task,
-            "task.started",
-            status="running",
-            phase="preparing",
-            progress=0.1,
-            payload={"attempt": task.attempts},
-        )
         if task.submitted_at is not None and task.upstream_ref is None:
             # A previous execution started the upstream call and never recorded its answer:
-            # submitting again could run it twice upstream (§6.11).
+            # submitting again could run it twice upstream (§6.11). Any instance can say so,
+            # with or without a provider, and the claim made it running whatever its limits.
+            self._started(run, task)
             await self._finish(
                 task,
                 token,
@@ -373,29 +446,49 @@ class TaskRunner:
                 },
             )
             raise ManualReview()
-        outcome = await admit(
-            self.scopes, task, token, self.instance_id, queue_timeout=self.queue_timeout
-        )
-        if isinstance(outcome, Waiting):
-            # Back in the queue, in line for its scopes; the dispatcher enqueues it later.
-            self.emit(
-                task,
-                "task.waiting",
-                status="queued",
-                message="waiting for room",
-                payload={"scopes": list(outcome.scopes)},
-            )
+        provider = self.provider_for(task)
+        if provider is None:
+            # Checked before admission and before any provider method: this process cannot
+            # run the task, so it must not fail it, hold a slot for it, or count an attempt.
+            run.handing_back = True
+            await self._hand_back(task, token)
             return
-        if isinstance(outcome, RateLimited):
-            await self.store.requeue(task.id, token, delay=outcome.delay)
-            self.emit(
+        if task.status is TaskStatus.QUEUED:
+            # A pending claim: the task's model or group is limited, so it holds the lease but
+            # stays queued until the gate starts it (sql/queries/engine_task.sql).
+            outcome = await admit(
+                self.scopes,
                 task,
-                "task.rate_limited",
-                status="queued",
-                payload={"scope": outcome.scope, "delay": outcome.delay},
+                token,
+                self.instance_id,
+                job_id=job.id,
+                lease_ttl=self.store.lease_ttl,
+                queue_timeout=self.queue_timeout,
             )
-            raise TaskQueued(outcome.delay)
+            if isinstance(outcome, Waiting):
+                # In line for its scopes, still queued; its job was completed with the wait,
+                # and the dispatcher enqueues a new one when there is room.
+                self.emit(
+                    task,
+                    "task.waiting",
+                    status="queued",
+                    message="waiting for room in " + ", ".join(outcome.scopes),
+                    payload={"scopes": list(outcome.scopes)},
+                )
+                return
+            if isinstance(outcome, RateLimited):
+                await self.store.requeue(task.id, token, delay=outcome.delay)
+                self.emit(
+                    task,
+                    "task.rate_limited",
+                    status="queued",
+                    payload={"scope": outcome.scope, "delay": outcome.delay},
+                )
+                raise TaskQueued(outcome.delay)
+            task = run.task = outcome.task
+        self._started(run, task)
         execution = _Execution(task.id, token)
+        execution.provider = provider
         self.keeper.running[task.id] = execution
         try:
             with execution.scope:
@@ -408,21 +501,70 @@ class TaskRunner:
             if self.keeper.running.get(task.id) is execution:
                 del self.keeper.running[task.id]
 
+    def _started(self, run: _Run, task: Task) -> None:
+        run.started = True
+        self.emit(
+            task,
+            "task.started",
+            status="running",
+            phase="preparing",
+            progress=0.1,
+            payload={"attempt": task.attempts},
+        )
+
+    async def _hand_back(self, task: Task, token: uuid.UUID) -> None:
+        """Give ``task`` back to the queue for an instance that has its provider: lease
+        released, the claim's attempt given back, the job snoozed ``handback_delay`` seconds
+        (a snooze uses no job attempt either). Raises TaskQueued; returns only if a cancel
+        requested meanwhile made the task cancelled instead."""
+        # The claim stamps started_at and updated_at with one time only on a first start.
+        first_start = task.status is TaskStatus.RUNNING and task.started_at == task.updated_at
+        with trio.fail_after(_HAND_BACK_TIMEOUT, shield=True):
+            row = await self.store.pool.fetchrow(_HAND_BACK, task.id, token, first_start)
+        if row is None:
+            raise LeaseUnavailable()  # another execution owns it now
+        handed = Task.from_record(row)
+        if handed.status is TaskStatus.CANCELLED:
+            if self.on_finished is not None:
+                self.on_finished(TaskStatus.CANCELLED)
+            self.emit(
+                handed,
+                "task.cancelled",
+                status="cancelled",
+                message=handed.error["message"],
+                payload=handed.error,
+            )
+            return
+        if task.id not in self._handed_back:
+            # Once per task and instance: a task no instance serves comes back every
+            # handback_delay seconds, and its history should say so once, not every time.
+            self._handed_back[task.id] = None
+            if len(self._handed_back) > _HANDED_BACK_MEMORY:
+                self._handed_back.popitem(last=False)
+            reason = {"reason": "no_provider", "model": task.model, "instance_id": self.instance_id}
+            self.emit(
+                handed,
+                "task.handed_back",
+                status="queued",
+                message=f"no provider for model {task.model!r} on this instance; handed back",
+                payload=reason,
+            )
+            log.info(
+                "task handed back: no provider for its model here",
+                extra={"event": "task_handed_back", "task_id": str(task.id), **reason},
+            )
+        raise TaskQueued(self.handback_delay)
+
     async def _run_provider(
         self, task: Task, token: uuid.UUID, lease: LoadLease | None, execution: _Execution
     ) -> None:
-        try:
-            provider = execution.provider = self.provider_for(task)
-        except ProviderError as exc:
-            await self._finish(
-                task, token, TaskStatus.FAILED, error={"code": exc.code, "message": str(exc)}
-            )
-            return
+        provider = execution.provider
+        assert provider is not None  # set by _execute
         ref: str | None = task.upstream_ref
         phase_started = trio.current_time()
         try:
             if ref is None:
-                prepared = await provider.prepare(task)
+                prepared = await _provider_call("prepare", provider.prepare, task)
                 phase_started = self._phase_done("preparing", phase_started)
                 if not await self.store.mark_submitting(task.id, token):
                     raise LeaseUnavailable()
@@ -434,7 +576,7 @@ class TaskRunner:
                     with trio.CancelScope(shield=True) as grace:
                         grace.deadline = trio.current_time() + self.submit_grace
                         with execution.cancel_guard():
-                            ref = await provider.submit(task, prepared)
+                            ref = await _provider_call("submit", provider.submit, task, prepared)
                     if grace.cancelled_caught:
                         raise AmbiguousSubmission(
                             f"no answer from the upstream within {self.submit_grace} s of a stop"
@@ -452,6 +594,21 @@ class TaskRunner:
                         error={"code": "ambiguous_submission", "message": str(exc)},
                     )
                     raise ManualReview() from exc
+                except _ProviderCrash as crash:
+                    # Not a refusal (that is a ProviderError): the call may have reached the
+                    # upstream before it raised, e.g. while reading the answer. submitted_at is
+                    # recorded, so this is the ambiguous case, as if the answer were lost:
+                    # manual review, never a resubmission and never "failed" (which would say
+                    # nothing runs upstream).
+                    await self._finish(
+                        task,
+                        token,
+                        TaskStatus.MANUAL_REVIEW,
+                        error=crash.error(
+                            "ambiguous_submission", " (the upstream may have received it)"
+                        ),
+                    )
+                    raise ManualReview() from crash
                 execution.upstream_ref = ref
                 if not await self.store.record_upstream(task.id, token, ref):  # ref is set
                     raise LeaseUnavailable()
@@ -474,7 +631,7 @@ class TaskRunner:
                     payload={"upstream_ref": ref},
                 )
             while True:
-                polled = await provider.poll(task, ref)
+                polled = await _provider_call("poll", provider.poll, task, ref)
                 if polled.done:
                     break
                 await trio.sleep(provider.poll_interval)
@@ -485,7 +642,7 @@ class TaskRunner:
             # Informational, so buffered with the events rather than awaited (fenced: a write
             # that lands after the finish changes nothing).
             self.events.set_phase(task.id, token, TaskPhase.FINALIZING, 0.9)
-            result = await provider.finalize(task, polled.result)
+            result = await _provider_call("finalize", provider.finalize, task, polled.result)
             self._phase_done("finalizing", phase_started)
         except ProviderError as exc:
             await self._finish(

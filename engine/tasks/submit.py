@@ -19,15 +19,17 @@ from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import InsertOpts
 from engine.queue.states import GATEWAY_UNIQUE_STATES
 from engine.queue.unique import UniqueOpts
+from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import TaskRequest
-from engine.tasks.runner import TaskRunArgs
 
 __all__ = ["submit_tasks", "task_insert_opts", "validate_requests"]
 
 _MODELS = QUERIES["model_get_many"]
 _INSERT = QUERIES["task_insert_many"]
 
-_GATEWAY_UNIQUE = UniqueOpts(by_args=True, by_queue=True, by_state=GATEWAY_UNIQUE_STATES)
+# Unique by task_id alone, as the Go worker's jobs: the model in a live task's args routes the
+# job and must not change its key (a Go client inserting {"task_id"} dedupes against ours).
+_GATEWAY_UNIQUE = UniqueOpts(by_args=("task_id",), by_queue=True, by_state=GATEWAY_UNIQUE_STATES)
 
 
 def task_insert_opts(config: QueueConfig, run_at: datetime | None = None) -> InsertOpts:
@@ -107,7 +109,11 @@ async def submit_tasks(
         return
     payloads = await validate_requests(catalog or conn, requests, max_payload_bytes)
     params = [
-        prepare(TaskRunArgs(str(r.id)), task_insert_opts(queue, r.run_at), kind=queue.job_kind)
+        prepare(
+            TaskRunArgs.for_task(r.id, r.model, r.run_mode),
+            task_insert_opts(queue, r.run_at),
+            kind=queue.job_kind,
+        )
         for r in requests
     ]
     jobs = await insert_tx(conn, params, notify_channel)

@@ -26,6 +26,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,10 +124,11 @@ def data_dir() -> Iterator[Path]:
 class Running:
     """A ``python -m engine`` child whose output lines are read with deadlines."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self.proc = subprocess.Popen(
             cmd,
             env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -161,6 +163,14 @@ class Running:
                 raise AssertionError(f"exited with {code}: {self.stderr()}")
             if line.startswith(prefix):
                 return line
+
+    def wait_for_stderr(self, text: str) -> None:
+        """Return once a stderr line contains ``text``; fail if the child exits or stalls."""
+        deadline = time.monotonic() + DEADLINE
+        while not any(text in line for line in self.stderr_lines if line is not None):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no stderr line with {text!r}: {self.stderr()}")
+            time.sleep(0.02)
 
     def wait(self) -> int:
         code = self.proc.wait(timeout=DEADLINE)
@@ -546,7 +556,7 @@ async def test_second_signal_during_shutdown_exits_at_once(
 
     monkeypatch.setattr(os, "_exit", fake_exit)
 
-    async def body() -> None:
+    async def body(_shutdown: cli._Shutdown) -> None:
         try:
             await trio.sleep_forever()
         finally:
@@ -568,8 +578,47 @@ async def test_second_signal_during_shutdown_exits_at_once(
     assert exits == [cli.EXIT_INTERRUPTED]
 
 
+async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exits: list[int] = []
+    hurried = trio.Event()
+    exited = trio.Event()
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        exited.set()
+        raise _Exited
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    shutting_down = trio.Event()
+
+    async def body(shutdown: cli._Shutdown) -> None:
+        shutdown.on_second = hurried.set
+        try:
+            await trio.sleep_forever()
+        finally:
+            shutting_down.set()
+            with trio.CancelScope(shield=True):
+                await exited.wait()
+
+    async def send_signals() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        await shutting_down.wait()
+        os.kill(os.getpid(), signal.SIGINT)
+        await hurried.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with trio.fail_after(DEADLINE):
+        with pytest.RaisesGroup(_Exited, flatten_subgroups=True):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_signals)
+                await cli._until_signal(body)
+    assert hurried.is_set() and exits == [cli.EXIT_INTERRUPTED]
+
+
 async def test_first_signal_cancels_the_body_and_is_reported() -> None:
-    async def body() -> None:
+    async def body(_shutdown: cli._Shutdown) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         await trio.sleep_forever()
 

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -33,7 +34,7 @@ from engine.db.bridge import Connection
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
 from engine.providers.simulated import SimulatedProvider
-from engine.service.engine import open_engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import TaskStatus
 
 DEADLINE = 30.0
@@ -401,7 +402,8 @@ async def test_status(cli: Cli, conn: Connection, database: Database) -> None:
     await submit(cli, 2)
 
     status = (await cli("status", "--json")).json()
-    assert set(status) == {"capacity", "leader", "instances", "queues", "tasks"}
+    assert set(status) == {"capacity", "leader", "instances", "queues", "tasks", "unserved_models"}
+    assert status["unserved_models"] == {}  # simulation tasks run anywhere
     capacity = status["capacity"]
     assert (capacity["desired"], capacity["capacity"], capacity["hard_limit"]) == (4, 4, 100)
     assert capacity["capped"] is False
@@ -410,6 +412,7 @@ async def test_status(cli: Cli, conn: Connection, database: Database) -> None:
     (instance,) = status["instances"]
     assert instance["instance_id"] == "host:1:2" and instance["status"] == "active"
     assert instance["allocated"] == 4 and instance["heartbeat_age"] < DEADLINE
+    assert instance["models"] is None  # registered without models: serves every model
     for key in (
         "desired_capacity",
         "safe_capacity",
@@ -431,6 +434,44 @@ async def test_status(cli: Cli, conn: Connection, database: Database) -> None:
     assert "capacity: 3 (desired 4, hard limit 3, capped)" in human
     assert "host:1:2" in human and "leader: host:1:2-leader" in human
     assert name in human and "queued 2" in human
+
+
+async def test_status_names_models_with_queued_live_tasks_that_no_live_instance_serves(
+    cli: Cli, conn: Connection, database: Database
+) -> None:
+    await conn.execute("INSERT INTO engine_model (name) VALUES ('echo'), ('flux'), ('sd')")
+    for instance_id, models in (("flux-1", ["flux"]), ("sd-gone", ["sd"]), ("sim-1", [])):
+        await register_instance(
+            database.coordination,
+            Registration(
+                instance_id=instance_id,
+                desired_capacity=4,
+                heartbeat_stale_after=30.0,
+                models=models,
+            ),
+        )
+    await conn.execute(
+        "UPDATE engine_worker_instance SET heartbeat_at = now() - interval '1 hour'"
+        " WHERE instance_id = 'sd-gone'"
+    )
+    for model, count, mode in (
+        ("echo", 12, "--live"),
+        ("flux", 3, "--live"),
+        ("sd", 1, "--live"),
+        ("echo", 5, "--simulation"),
+    ):
+        await cli("submit", "--model", model, "--count", str(count), mode, "--json")
+
+    status = (await cli("status", "--json")).json()
+    assert status["unserved_models"] == {"echo": 12, "sd": 1}
+    served = {i["instance_id"]: i["models"] for i in status["instances"]}
+    assert served == {"flux-1": ["flux"], "sd-gone": ["sd"], "sim-1": []}
+
+    human = (await cli("status")).ok()
+    assert "model echo: 12 queued tasks, no live instance serves it" in human
+    assert "model sd: 1 queued task, no live instance serves it" in human
+    assert "model flux:" not in human
+    assert "simulation only" in human  # sim-1's MODELS cell
 
 
 async def test_help_lists_the_commands(cli: Cli) -> None:
@@ -455,11 +496,11 @@ async def test_help_lists_the_commands(cli: Cli) -> None:
 async def executing(db_url: str) -> AsyncIterator[None]:
     """An executing engine in this process, with the model enabled."""
     async with open_engine(
-        engine_config(),
+        attrs.evolve(
+            engine_config(), worker=attrs.evolve(engine_config().worker, capacity="fixed")
+        ),
         urls=DatabaseUrls.single(db_url),
-        execute=True,
         simulated=SimulatedProvider(),
-        max_workers=8,
     ) as eng:
         await eng.set_model(MODEL)
         yield

@@ -10,6 +10,7 @@ import trio
 
 from engine.admission.dispatcher import Dispatcher
 from engine.config import load_config
+from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls, open_database
 from engine.queue.job import JobSnooze
 from engine.recovery.rescuer import Rescuer
@@ -64,6 +65,121 @@ async def test_a_full_scope_makes_tasks_wait_and_the_dispatcher_admits_fifo(idle
     await run_job(idle, c)
     assert (await status(idle, c)).status is TaskStatus.SUCCEEDED
     assert await idle.db.tasks.fetchval("SELECT count(*) FROM engine_scope_lease") == 0
+    # Waiting was not a run: each task ran once.
+    assert [(await status(idle, t)).attempts for t in (a, b, c)] == [1, 1, 1]
+
+
+_AUDIT = """
+CREATE TABLE status_audit (n bigserial PRIMARY KEY, task_id uuid, status text, attempts int);
+CREATE FUNCTION audit_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO status_audit (task_id, status, attempts) VALUES (NEW.id, NEW.status, NEW.attempts);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER audit_status AFTER UPDATE OF status ON engine_task
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION audit_status();
+"""
+
+
+async def test_waiting_tasks_are_never_running_and_each_runs_once(
+    open_test_engine: OpenEngine,
+) -> None:
+    # Executing for real, with the service's dispatcher: three tasks of a model limited to 1,
+    # the first held upstream while the others wait. Every status change is recorded by a
+    # trigger, so a task shown running even for a moment would be seen.
+    provider = GatedProvider()
+    async with open_test_engine(simulated=provider) as eng:
+        await eng.set_model("sim-model", concurrency_limit=1)
+        await eng.db.tasks.execute(_AUDIT)
+        provider.poll_gate = gate = trio.Event()
+        ids = await eng.submit([request() for _ in range(3)])
+        with trio.fail_after(10):
+            await provider.in_poll.wait()
+            while (
+                await eng.db.tasks.fetchval(
+                    "SELECT count(*) FROM engine_task_admission WHERE status = 'waiting'"
+                )
+                < 2
+            ):
+                await trio.sleep(0.02)
+        tasks = [await status(eng, t) for t in ids]
+        assert sorted((t.status.value, t.attempts) for t in tasks) == [
+            ("queued", 0),
+            ("queued", 0),
+            ("running", 1),
+        ]
+        assert all(t.started_at is None for t in tasks if t.status is TaskStatus.QUEUED)
+        gate.set()
+        done = [await eng.wait(t, timeout=20) for t in ids]
+        await eng.runner.events.flush()
+        started = [
+            [e.payload for e in await eng.events(t) if e.type == "task.started"] for t in ids
+        ]
+        audit = await eng.db.tasks.fetch(
+            "SELECT task_id, status, attempts FROM status_audit ORDER BY n"
+        )
+    assert [(t.status, t.attempts) for t in done] == [(TaskStatus.SUCCEEDED, 1)] * 3
+    for task_id in ids:
+        changes = [(r["status"], r["attempts"]) for r in audit if r["task_id"] == task_id]
+        assert changes == [("running", 1), ("succeeded", 1)]
+    assert started == [[{"attempt": 1}]] * 3
+
+
+async def test_a_claim_waiting_for_a_scope_lock_is_not_shown_running(
+    idle: Engine, db_url: str
+) -> None:
+    # Another admission holds the scope's lock: the claim waits for it, and meanwhile the task
+    # reads as queued, with no attempt counted.
+    task_id = await idle.submit(request())
+    locker = await connect(db_url)
+    try:
+        async with trio.open_nursery() as nursery, locker.transaction():
+            await locker.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('engine.scope:' || $1))",
+                "model:sim-model",
+            )
+            nursery.start_soon(run_job, idle, task_id)
+            with trio.fail_after(10):
+                while not await idle.db.tasks.fetchval(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                    " WHERE l.locktype = 'advisory' AND NOT l.granted"
+                    " AND d.datname = current_database()"
+                ):
+                    await trio.sleep(0.01)
+            task = await status(idle, task_id)
+            assert task.status is TaskStatus.QUEUED and task.execution_token is not None
+            assert task.attempts == 0 and task.started_at is None and task.phase is None
+    finally:
+        await locker.close()
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.SUCCEEDED and task.attempts == 1
+
+
+async def test_a_wait_completes_its_job_so_admission_enqueues_a_new_one(idle: Engine) -> None:
+    first, second = await idle.submit([request(), request()])
+    await idle.db.tasks.execute(
+        "INSERT INTO engine_scope_lease (scope, task_id) VALUES ('model:sim-model', $1)", first
+    )
+    job = await job_of(idle, second)
+    # Running, as a producer's claim leaves it: the handler's completion would reach the
+    # database only after it returns, possibly after a dispatcher admitted the task.
+    await idle.db.tasks.execute(
+        "UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE id = $1",
+        job.id,
+    )
+    await run_job(idle, second)  # the scope is full: it waits
+    waited = await idle.queue.get(job.id)
+    assert waited is not None and waited.state.value == "completed"
+    await idle.db.tasks.execute("DELETE FROM engine_scope_lease")
+    assert (await Dispatcher(idle.config, idle.db).run_once()).admitted == 1
+    task = await status(idle, second)
+    assert task.status is TaskStatus.QUEUED and task.river_job_id != job.id
+    fresh = await idle.queue.get(task.river_job_id)  # type: ignore[arg-type]
+    assert fresh is not None and fresh.state.value == "available"
+    await run_job(idle, second)
+    task = await status(idle, second)
+    assert task.status is TaskStatus.SUCCEEDED and task.attempts == 1
 
 
 async def test_a_new_task_does_not_jump_the_line(idle: Engine) -> None:
@@ -175,6 +291,7 @@ async def test_rate_limit_snoozes_the_task_and_gives_tokens_back_on_early_failur
     assert 25 < snooze.value.seconds <= 30
     task = await status(idle, d)
     assert task.status is TaskStatus.QUEUED and task.execution_token is None
+    assert task.attempts == 0 and task.started_at is None  # waiting for a token is not a run
 
 
 async def test_recovery_steps_on_crafted_rows(idle: Engine) -> None:

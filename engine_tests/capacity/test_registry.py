@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import attrs
 import pytest
 import trio
 
@@ -17,6 +18,7 @@ from engine.capacity.registry import (
     load_capacity,
     mark_draining,
     register_instance,
+    unserved_models,
 )
 from engine.capacity.snapshot import (
     UNBOUNDED_FALLBACK,
@@ -553,6 +555,92 @@ async def test_delete_stale_instances_removes_only_long_silent_rows(database: Da
     assert sorted(deleted) == ["drained", "old"]
     assert [i.instance_id for i in await list_instances(pool)] == ["live"]
     assert await delete_stale_instances(pool) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Served models
+
+
+async def test_registration_stores_the_served_models_and_list_returns_them(
+    database: Database,
+) -> None:
+    pool = database.coordination
+    await register_instance(pool, attrs.evolve(reg("every"), models=None))
+    await register_instance(pool, attrs.evolve(reg("some"), models=["flux", "echo", "echo"]))
+    await register_instance(pool, attrs.evolve(reg("none"), models=()))
+
+    served = {i.instance_id: i.models for i in await list_instances(pool)}
+    assert served == {"every": None, "some": ("echo", "flux"), "none": ()}
+    stored_models = {
+        r["instance_id"]: r["models"]
+        for r in await pool.fetch("SELECT instance_id, models FROM engine_worker_instance")
+    }
+    assert stored_models == {"every": None, "some": ["echo", "flux"], "none": []}
+
+    # A heartbeat writes what the instance serves now.
+    await register_instance(pool, attrs.evolve(reg("some"), models=["echo"]))
+    await register_instance(pool, attrs.evolve(reg("every"), models=["flux"]))
+    served = {i.instance_id: i.models for i in await list_instances(pool)}
+    assert served == {"every": ("flux",), "some": ("echo",), "none": ()}
+
+
+async def test_unserved_models_counts_only_live_active_instances(database: Database) -> None:
+    pool = database.coordination
+    asked = ["echo", "flux", "sd", "echo"]
+    assert await unserved_models(pool, asked, STALE) == ["echo", "flux", "sd"]
+    assert await unserved_models(pool, [], STALE) == []
+
+    await register_instance(pool, attrs.evolve(reg("echo-1"), models=["echo"]))
+    await register_instance(pool, attrs.evolve(reg("sim-only"), models=()))
+    assert await unserved_models(pool, asked, STALE) == ["flux", "sd"]
+
+    # A stale or draining instance serves nothing.
+    await register_instance(pool, attrs.evolve(reg("flux-stale"), models=["flux"]))
+    await set_stale(pool, "flux-stale")
+    await register_instance(pool, attrs.evolve(reg("sd-draining"), models=["sd"]))
+    await mark_draining(pool, "sd-draining")
+    assert await unserved_models(pool, asked, STALE) == ["flux", "sd"]
+
+    # An instance registered with models NULL serves every model.
+    await register_instance(pool, attrs.evolve(reg("all"), models=None))
+    assert await unserved_models(pool, asked, STALE) == []
+    await set_stale(pool, "all")
+    assert await unserved_models(pool, asked, STALE) == ["flux", "sd"]
+
+
+def test_unserved_models_rejects_a_non_positive_window() -> None:
+    with pytest.raises(ValueError, match=r"^stale_after must be > 0, got 0$"):
+        trio.run(unserved_models, None, ["echo"], 0)  # type: ignore[arg-type]
+
+
+def test_from_environment_passes_the_served_models() -> None:
+    def build(models: list[str] | None) -> Registration:
+        return Registration.from_environment(
+            "i",
+            desired_capacity=1,
+            capacity_limit=0,
+            heartbeat_stale_after=1.0,
+            environ={},
+            models=models,
+        )
+
+    assert build(None).models is None
+    assert build(["b", "a"]).models == ("a", "b")
+    assert build([]).models == ()
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [("echo", "not a str"), (["echo", ""], "non-empty str"), ([1], "non-empty str")],
+)
+def test_registration_rejects_bad_models(models: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Registration(
+            instance_id="i",
+            desired_capacity=1,
+            heartbeat_stale_after=1.0,
+            models=models,  # type: ignore[arg-type]
+        )
 
 
 def test_delete_stale_instances_rejects_a_non_positive_age() -> None:

@@ -10,7 +10,7 @@ import trio
 
 from engine.config import QueueConfig
 from engine.db.database import Database
-from engine.load.controller import LoadController
+from engine.load.controller import LoadController, LoadSnapshot
 from engine.queue import Job, SlotPool, Workers, open_queue
 from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import OpenEngine, request
@@ -65,12 +65,20 @@ async def test_overlapping_generations_never_run_more_than_the_claim_limit(
     assert len(by_generation) == 2  # both generations ran jobs, never more than 3 together
 
 
+class PinnedClaimLimit(LoadController):
+    """A load controller that keeps the claim limit it was made with: the capacity source's
+    share (here 3) would otherwise replace it, and no run would be refused."""
+
+    def set_claim_limit(self, claim_limit: int) -> LoadSnapshot:
+        return self.snapshot()
+
+
 async def test_worker_load_refusal_snoozes_without_using_attempts(
     open_test_engine: OpenEngine,
 ) -> None:
     provider = GatedProvider()
     gate = provider.poll_gate = trio.Event()
-    load = LoadController(mode="legacy", claim_limit=1)
+    load = PinnedClaimLimit(mode="legacy", claim_limit=1)
     async with open_test_engine(simulated=provider, load=load, max_workers=3) as eng:
         await eng.set_model("sim-model")
         ids = await eng.submit([request() for _ in range(3)])

@@ -75,6 +75,8 @@ def make_machine(conn: Connection, token: trio.lowlevel.TrioToken) -> type[RuleB
                 "client",
                 None,
                 [],
+                None,
+                None,
             )
             claimed = [r["id"] for r in rows]
             # Jobs due for sure must be claimed; an available job not known to be due (a retry

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from engine.config import QueueConfig
 from engine.errors import JobError
+from engine.queue.insert import prepare
 from engine.queue.states import (
     FINALIZED_STATES,
     GATEWAY_UNIQUE_STATES,
@@ -25,6 +27,9 @@ from engine.queue.unique import (
     unique_states_from_bitmask,
     validate_unique_states,
 )
+from engine.tasks.jobs import TaskRunArgs
+from engine.tasks.models import RunMode
+from engine.tasks.submit import task_insert_opts
 
 TASK_ID = "3f2b8c1e-9d4a-4e6b-8a7c-1d2e3f4a5b6c"
 GATEWAY_VECTOR = "7101187e877ea220d58b8db2430b051c95e4e0c7905847e8d1725949da5352ad"
@@ -59,6 +64,29 @@ def test_gateway_opts_match_reference() -> None:
     assert GATEWAY_UNIQUE_OPTS.by_period is None
     assert GATEWAY_UNIQUE_OPTS.by_state == GATEWAY_UNIQUE_STATES
     assert GATEWAY_UNIQUE_OPTS.states_bitmask() == "11110001"
+
+
+@pytest.mark.parametrize(
+    ("model", "run_mode"),
+    [("echo", RunMode.LIVE), ("echo", RunMode.SIMULATION), (None, None)],
+    ids=["live-with-model", "simulation-without", "plain"],
+)
+def test_task_job_key_is_the_gateway_vector_with_or_without_a_model(
+    model: str | None, run_mode: RunMode | None
+) -> None:
+    # The model routes a live task's job but is not unique: the key stays River's
+    # {"task_id"} one, so a Go River client inserting {"task_id"} only dedupes against ours.
+    args = (
+        TaskRunArgs(TASK_ID)
+        if run_mode is None
+        else TaskRunArgs.for_task(TASK_ID, model or "", run_mode)
+    )
+    assert args.model == (model if run_mode is RunMode.LIVE else None)
+    params = prepare(args, task_insert_opts(QueueConfig()), kind=QueueConfig().job_kind)
+    assert params.unique_key is not None and params.unique_key.hex() == GATEWAY_VECTOR
+    assert params.unique_states == "11110001"
+    expected = {"task_id": TASK_ID} | ({"model": model} if run_mode is RunMode.LIVE else {})
+    assert params.args == expected
 
 
 # --- key string layout ------------------------------------------------------------------------

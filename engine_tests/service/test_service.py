@@ -17,7 +17,7 @@ import trio
 from engine.db import embedded
 from engine.db.database import DatabaseUrls
 from engine.service.engine import Engine
-from engine.service.main import run_service
+from engine.service.root import serve
 from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import make_config, request
 from engine_tests.tasks.test_runner import GatedProvider
@@ -29,6 +29,7 @@ FAST = {
     "metrics.enabled": "false",
     "worker.hard_limit": "10",
     "tasks.demo_catalogue": "false",
+    "worker.capacity": "registry",
 }
 
 
@@ -43,9 +44,9 @@ async def service(
 
         async def run(*, task_status: trio.TaskStatus[Engine]) -> None:
             with scope:
-                await run_service(
+                await serve(
                     config,
-                    DatabaseUrls.single(db_url),
+                    urls=DatabaseUrls.single(db_url),
                     simulated=provider or GatedProvider(),
                     task_status=task_status,
                 )

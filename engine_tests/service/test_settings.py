@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from urllib.parse import urlsplit, urlunsplit
@@ -18,12 +19,13 @@ from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
 from engine.db.resolve import scratch_database
 from engine.errors import ConfigError, DatabaseError, leaves
-from engine.load.controller import LoadController
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.queue.states import JobState
-from engine.service.engine import Engine, open_engine
-from engine.service.main import run_service
+from engine.service.engine import Engine
+from engine.service.root import open as open_engine
+from engine.service.root import serve
 from engine.tasks.models import TaskStatus
+from engine_tests.load.test_claim_limit import PinnedClaimLimit
 from engine_tests.service.test_service import FAST
 from engine_tests.tasks.conftest import make_config, request
 from engine_tests.tasks.test_runner import GatedProvider, job_of
@@ -33,13 +35,12 @@ from engine_tests.tasks.test_runner import GatedProvider, job_of
 
 async def test_load_retry_settings_set_the_snooze_of_a_refused_run(db_url: str) -> None:
     config = make_config(**{"load.retry_base": "20", "load.retry_spread_ms": "1000"})
-    refuse_all = LoadController(mode="legacy", claim_limit=0)
+    refuse_all = PinnedClaimLimit(mode="legacy", claim_limit=0)
     async with open_engine(
         config,
         urls=DatabaseUrls.single(db_url),
         simulated=GatedProvider(),
         load=refuse_all,
-        max_workers=2,
     ) as eng:
         await eng.set_model("sim-model")
         task_id = await eng.submit(request())
@@ -64,7 +65,7 @@ async def test_load_retry_settings_set_the_snooze_of_a_refused_run(db_url: str) 
 async def test_task_jobs_keep_their_attempts_whatever_the_default(db_url: str) -> None:
     config = make_config(**{"queue.default_max_attempts": "3"})
     async with open_engine(
-        config, urls=DatabaseUrls.single(db_url), simulated=GatedProvider(), execute=False
+        config, urls=DatabaseUrls.single(db_url), simulated=GatedProvider(), control=False
     ) as eng:
         await eng.set_model("sim-model")
         task_job = await job_of(eng, await eng.submit(request()))
@@ -81,7 +82,7 @@ async def test_job_timeout_cuts_a_task_run_which_is_requeued_and_resumes(db_url:
     gate = provider.poll_gate = trio.Event()
     config = make_config(**{"queue.job_timeout": "0.5"})
     async with open_engine(
-        config, urls=DatabaseUrls.single(db_url), simulated=provider, max_workers=2
+        config, urls=DatabaseUrls.single(db_url), simulated=provider
     ) as eng:
         await eng.set_model("sim-model")
         task_id = await eng.submit(request())
@@ -166,7 +167,7 @@ async def test_enqueue_rollback_timeout_bounds_a_failed_submits_rollback(db_url:
         admin = await connect(db_url)
         try:
             async with open_engine(
-                config, urls=urls, simulated=GatedProvider(), execute=False
+                config, urls=urls, simulated=GatedProvider(), control=False
             ) as eng:
                 await eng.set_model("sim-model")
                 submit_scope = trio.CancelScope()
@@ -226,7 +227,7 @@ def _start_retries(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 async def test_a_failed_service_start_is_retried_until_it_succeeds(
     pg_admin_url: str, template_db: str, aio_loop: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="engine.service.main")
+    caplog.set_level(logging.WARNING, logger="engine.service.root")
     name = f"engine_t_{uuid.uuid4().hex[:12]}"
     url = replace_database(pg_admin_url, name)
     # The database does not exist yet: the server answers, so connecting is not retried
@@ -253,7 +254,9 @@ async def test_a_failed_service_start_is_retried_until_it_succeeds(
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(create_database_after_a_failed_start)
-                eng = await nursery.start(run_service, config, DatabaseUrls.single(url))
+                eng = await nursery.start(
+                    functools.partial(serve, config, urls=DatabaseUrls.single(url))
+                )
                 assert isinstance(eng, Engine)
                 await eng.set_model("sim-model")
                 task = await eng.wait(await eng.submit(request()), timeout=10)
@@ -274,7 +277,7 @@ async def test_a_failed_service_start_is_retried_until_it_succeeds(
 async def test_the_service_gives_up_after_startup_attempts(
     pg_admin_url: str, aio_loop: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="engine.service.main")
+    caplog.set_level(logging.WARNING, logger="engine.service.root")
     url = replace_database(pg_admin_url, f"engine_missing_{uuid.uuid4().hex[:12]}")
     config = make_config(
         **FAST,
@@ -286,7 +289,7 @@ async def test_the_service_gives_up_after_startup_attempts(
     )
     started = trio.current_time()
     with trio.fail_after(20), pytest.raises(BaseException) as raised:
-        await run_service(config, DatabaseUrls.single(url))
+        await serve(config, urls=DatabaseUrls.single(url))
     took = trio.current_time() - started
     errors = [e for e in leaves(raised.value) if isinstance(e, DatabaseError)]
     assert len(errors) == 1 and "does not exist" in str(errors[0])
@@ -298,12 +301,12 @@ async def test_the_service_gives_up_after_startup_attempts(
 async def test_a_configuration_error_at_start_is_not_retried(
     db_url: str, pg_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="engine.service.main")
+    caplog.set_level(logging.WARNING, logger="engine.service.root")
     config = make_config(**FAST, **{"worker.startup_attempts": "3"})
     async with scratch_database(pg_admin_url, "engine_other_") as other:
         urls = DatabaseUrls(tasks=db_url, coordination=other, queue=db_url)
         with trio.fail_after(20), pytest.raises(BaseException) as raised:
-            await run_service(config, urls)
+            await serve(config, urls=urls)
     errors = [e for e in leaves(raised.value) if isinstance(e, ConfigError)]
     assert len(errors) == 1 and "database.coordination_url" in str(errors[0])
     assert _start_retries(caplog) == []

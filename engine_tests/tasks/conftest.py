@@ -11,7 +11,8 @@ import pytest
 from engine.config import EngineConfig, load_config
 from engine.db.database import DatabaseUrls
 from engine.providers.simulated import SimulatedProvider
-from engine.service.engine import Engine, open_engine
+from engine.service.engine import Engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
 IDENTITY = Identity(tenant_id="t1", user_id="u1", api_key_id="k1")
@@ -26,6 +27,9 @@ def make_config(**overrides: Any) -> EngineConfig:
         "worker.stop_timeout": "2",
         "tasks.lease_ttl": "30",
         "tasks.lease_renew_interval": "5",
+        "worker.capacity": "fixed",
+        "worker.shutdown_drain_timeout": "0",
+        "metrics.enabled": "false",
     }
     settings.update({k: str(v) for k, v in overrides.items()})
     return load_config(env={}, overrides=settings)
@@ -46,9 +50,18 @@ OpenEngine = Callable[..., AbstractAsyncContextManager[Engine]]
 def open_test_engine(db_url: str) -> OpenEngine:
     """Open an engine on this test's database: ``async with open_test_engine(...) as eng``."""
 
-    def opener(config: EngineConfig | None = None, **kw: Any) -> Any:
+    def opener(
+        config: EngineConfig | None = None,
+        *,
+        max_workers: int = 16,
+        execute: bool = True,
+        **kw: Any,
+    ) -> Any:
+        """``max_workers``: a fixed capacity of that many jobs (unless ``config`` is given);
+        ``execute=False``: the records layer only (submit and read, run nothing)."""
         kw.setdefault("simulated", SimulatedProvider())
-        return open_engine(config or make_config(), urls=DatabaseUrls.single(db_url), **kw)
+        config = config or make_config(**{"worker.hard_limit": max_workers})
+        return open_engine(config, urls=DatabaseUrls.single(db_url), control=execute, **kw)
 
     return opener
 

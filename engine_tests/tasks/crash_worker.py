@@ -15,7 +15,7 @@ import trio
 from engine.db.bridge import asyncio_loop
 from engine.db.database import DatabaseUrls
 from engine.providers.simulated import SimulatedProvider
-from engine.service.engine import open_engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import Task
 from engine_tests.tasks.conftest import make_config
 

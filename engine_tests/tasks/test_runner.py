@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +19,7 @@ from engine.providers.base import PollResult
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.job import Job, JobSnooze
 from engine.service.engine import Engine
-from engine.tasks.models import Task, TaskStatus
+from engine.tasks.models import RunMode, Task, TaskEvent, TaskStatus
 from engine.tasks.runner import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 
@@ -35,12 +36,23 @@ class GatedProvider(SimulatedProvider):
         self.submit_gate: trio.Event | None = None
         self.in_submit = trio.Event()
         self.prepare_error: BaseException | None = None
+        #: An exception to raise from submit (after the upstream accepted the request), poll
+        #: or finalize, by method name.
+        self.errors: dict[str, BaseException] = {}
 
     async def submit(self, task: Task, prepared: Any) -> str:
         self.in_submit.set()
         if self.submit_gate is not None:
             await self.submit_gate.wait()
-        return await super().submit(task, prepared)
+        ref = await super().submit(task, prepared)
+        if "submit" in self.errors:
+            raise self.errors["submit"]
+        return ref
+
+    async def finalize(self, task: Task, result: Any) -> Any:
+        if "finalize" in self.errors:
+            raise self.errors["finalize"]
+        return await super().finalize(task, result)
 
     async def prepare(self, task: Task) -> Any:
         self.in_prepare.set()
@@ -54,6 +66,8 @@ class GatedProvider(SimulatedProvider):
         self.in_poll.set()
         if self.poll_gate is not None:
             await self.poll_gate.wait()
+        if "poll" in self.errors:
+            raise self.errors["poll"]
         return await super().poll(task, upstream_ref)
 
 
@@ -282,11 +296,147 @@ async def test_row_10_real_lock_timeout_before_submission_requeues(
 
 async def test_row_11_anything_else_fails_the_task_and_completes(idle: Engine) -> None:
     task_id = await idle.submit(request())
-    sim(idle).prepare_error = RuntimeError("provider bug")
+
+    async def engine_bug(task_id: uuid.UUID, token: uuid.UUID) -> bool:
+        raise RuntimeError("engine bug")
+
+    idle.store.mark_submitting = engine_bug  # type: ignore[method-assign]
     await work(idle, task_id)  # returns: the job completes
     task = await status(idle, task_id)
     assert task.status is TaskStatus.FAILED
-    assert task.error == {"code": "internal_error", "message": "provider bug"}
+    assert task.error == {"code": "internal_error", "message": "engine bug"}
+    assert sim(idle).submissions == {}
+
+
+def _failure_log(caplog: pytest.LogCaptureFixture, event: str) -> logging.LogRecord:
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == event]
+    return record
+
+
+@pytest.mark.parametrize("phase", ["prepare", "poll", "finalize"])
+async def test_a_providers_own_exception_names_its_type_and_phase(
+    idle: Engine, phase: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    task_id = await idle.submit(request())
+    if phase == "prepare":
+        sim(idle).prepare_error = KeyError("text")
+    else:
+        sim(idle).errors[phase] = KeyError("text")
+    with caplog.at_level(logging.WARNING, logger="engine.tasks.runner"):
+        await work(idle, task_id)  # returns: the job completes
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.FAILED
+    assert task.error == {
+        "code": "provider_exception",
+        "message": f"KeyError in {phase}: 'text'",
+        "type": "KeyError",
+        "phase": phase,
+    }
+    record = _failure_log(caplog, "task_failed")
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
+    assert getattr(record, "phase", None) == phase
+    # The traceback reaches into the provider, not only the engine's re-raise.
+    assert f"in {phase}" in logging.Formatter().formatException(record.exc_info)
+
+
+async def test_a_providers_own_exception_in_submit_goes_to_manual_review(
+    idle: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The call may have reached the upstream before it raised (here it did): failing the task
+    # would say nothing runs upstream, and retrying it would submit twice.
+    task_id = await idle.submit(request())
+    sim(idle).errors["submit"] = ValueError("bad JSON in the answer")
+    with caplog.at_level(logging.WARNING, logger="engine.tasks.runner"):
+        await work(idle, task_id)
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.MANUAL_REVIEW
+    assert task.error == {
+        "code": "ambiguous_submission",
+        "message": "ValueError in submit: bad JSON in the answer"
+        " (the upstream may have received it)",
+        "type": "ValueError",
+        "phase": "submit",
+    }
+    assert sim(idle).submissions[task_id] == 1
+    record = _failure_log(caplog, "task_manual_review")
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+
+
+async def test_an_engine_error_raised_in_a_provider_keeps_its_path(idle: Engine) -> None:
+    # A provider that uses the database and loses it: requeued (the lost-connection path), not
+    # failed as a provider exception.
+    task_id = await idle.submit(request())
+    sim(idle).errors["poll"] = ConnectionLost("connection was closed in the middle of operation")
+    with pytest.raises(JobSnooze):
+        await work(idle, task_id)
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.QUEUED and task.upstream_ref is not None
+    assert task.error is None
+
+
+async def _events_of(eng: Engine, task_id: uuid.UUID, type_: str) -> list[TaskEvent]:
+    """The task's events of ``type_``, once at least one is written (events are buffered)."""
+    with trio.fail_after(10):
+        while not (found := [e for e in await eng.events(task_id) if e.type == type_]):
+            await trio.sleep(0.02)
+    return found
+
+
+@pytest.mark.parametrize("limit", [None, 1], ids=["unlimited", "limited"])
+async def test_a_task_with_no_provider_here_is_handed_back_untouched(
+    idle: Engine, limit: int | None
+) -> None:
+    # Limited: the claim was pending (queued); unlimited: it had made the task running.
+    await idle.set_model("live-model", concurrency_limit=limit)
+    task_id = await idle.submit(request("live-model", run_mode=RunMode.LIVE))
+    idle.runner.handback_delay = 2.5
+    for _ in range(2):  # it keeps coming back here until an instance with the provider runs it
+        with pytest.raises(JobSnooze) as snooze:
+            await work(idle, task_id)
+        assert snooze.value.seconds == 2.5
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.QUEUED and task.attempts == 0 and task.error is None
+    assert task.started_at is None and task.progress == 0 and task.phase is None
+    assert task.execution_token is None and task.execution_owner is None
+    await idle.runner.events.flush()
+    (event,) = await _events_of(idle, task_id, "task.handed_back")  # once, not once per visit
+    assert event.status == "queued"
+    assert event.payload == {
+        "reason": "no_provider",
+        "model": "live-model",
+        "instance_id": idle.instance_id,
+    }
+    assert "task.started" not in [e.type for e in await idle.events(task_id)]
+    held = await idle.db.tasks.fetchval(
+        "SELECT (SELECT count(*) FROM engine_scope_lease)"
+        " + (SELECT count(*) FROM engine_task_admission)"
+    )
+    assert held == 0  # it took no slot and joined no line
+
+
+async def test_a_handed_back_task_runs_on_an_instance_with_its_provider(
+    open_test_engine: OpenEngine,
+) -> None:
+    async with open_test_engine() as bare:  # executes, and has no provider for live-model
+        bare.runner.handback_delay = 0.2
+        await bare.set_model("live-model")
+        task_id = await bare.submit(request("live-model", run_mode=RunMode.LIVE))
+        # As a Go River client or an engine from before model routing inserts it: no model in
+        # the args, so the claim filter lets every instance take it, this one included.
+        await bare.db.tasks.execute(
+            "UPDATE river_job SET args = args - 'model' WHERE args ->> 'task_id' = $1",
+            str(task_id),
+        )
+        (event,) = await _events_of(bare, task_id, "task.handed_back")
+        assert event.instance_id == bare.instance_id
+        task = await status(bare, task_id)
+        assert task.status is TaskStatus.QUEUED and task.attempts == 0
+        provider = SimulatedProvider()
+        async with open_test_engine(providers={"live-model": provider}) as serving:
+            task = await serving.wait(task_id, timeout=20)
+    assert task.status is TaskStatus.SUCCEEDED and task.attempts == 1
+    assert task.execution_owner == serving.instance_id
+    assert provider.submissions == {task_id: 1}
 
 
 async def test_a_stale_executors_writes_are_rejected(idle: Engine) -> None:
@@ -311,7 +461,7 @@ async def test_a_stale_executors_writes_are_rejected(idle: Engine) -> None:
 
 async def test_a_stale_execution_stops_when_its_lease_is_taken_over(idle: Engine) -> None:
     task_id = await idle.submit(request())
-    sim(idle).prepare_gate = trio.Event()
+    gate = sim(idle).prepare_gate = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(work, idle, task_id)
         with trio.fail_after(5):
@@ -320,7 +470,7 @@ async def test_a_stale_execution_stops_when_its_lease_is_taken_over(idle: Engine
         await idle.db.tasks.execute(
             "UPDATE engine_task SET execution_token = gen_random_uuid() WHERE id = $1", task_id
         )
-        sim(idle).prepare_gate.set()
+        gate.set()
     task = await status(idle, task_id)
     assert task.status is TaskStatus.RUNNING and task.submitted_at is None
     assert sim(idle).submissions == {}  # the stale execution never reached the upstream

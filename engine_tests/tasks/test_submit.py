@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import trio
 
+from engine.admission.dispatcher import Dispatcher
+from engine.config import QueueConfig, load_config
+from engine.db.bridge import Connection
+from engine.db.database import Database
 from engine.errors import InvalidTask
 from engine.providers.simulated import SimulatedProvider
+from engine.queue.insert import insert_tx, prepare
+from engine.queue.job import InsertOpts
+from engine.queue.unique import GATEWAY_UNIQUE_OPTS
+from engine.recovery.rescuer import Rescuer
 from engine.service.engine import Engine
-from engine.tasks.models import Identity, TaskStatus
+from engine.tasks.models import Identity, RunMode, TaskRequest, TaskStatus
+from engine.tasks.submit import submit_tasks
 from engine_tests.tasks.conftest import IDENTITY, OpenEngine, request
 
 
@@ -133,3 +143,89 @@ async def test_identity_is_stored(eng: Engine) -> None:
     task_id = await eng.submit(request())
     task = await eng.get(task_id)
     assert task is not None and task.identity == IDENTITY
+
+
+# ---------------------------------------------------------------------------------------------
+# Model routing: a live task's job names its model, a simulation task's job does not
+
+
+async def _submit_on(conn: Connection, requests: list[TaskRequest]) -> dict[str, Any]:
+    """Submit on a bare connection (no engine executes them); return each task's job args."""
+    async with conn.transaction():
+        await submit_tasks(
+            conn, requests, queue=QueueConfig(), max_payload_bytes=1_000_000, instance_id="test"
+        )
+    return await _job_args(conn)
+
+
+async def _job_args(conn: Connection) -> dict[str, Any]:
+    """Each task's current job's args, by task id."""
+    rows = await conn.fetch(
+        "SELECT t.id::text AS id, j.args FROM engine_task t JOIN river_job j"
+        " ON j.id = t.river_job_id"
+    )
+    return {r["id"]: r["args"] for r in rows}
+
+
+async def test_live_tasks_jobs_carry_their_model_and_simulation_tasks_jobs_do_not(
+    conn: Connection,
+) -> None:
+    await conn.execute("INSERT INTO engine_model (name) VALUES ('echo'), ('flux')")
+    live_echo = request("echo", run_mode=RunMode.LIVE)
+    live_flux = request("flux", run_mode=RunMode.LIVE)
+    simulated = request("echo", run_mode=RunMode.SIMULATION)
+    args = await _submit_on(conn, [live_echo, live_flux, simulated])
+    assert args[str(live_echo.id)] == {"task_id": str(live_echo.id), "model": "echo"}
+    assert args[str(live_flux.id)] == {"task_id": str(live_flux.id), "model": "flux"}
+    # Exactly River's {"task_id"}: any instance may claim it.
+    assert args[str(simulated.id)] == {"task_id": str(simulated.id)}
+
+
+async def test_a_go_style_insert_without_the_model_dedupes_against_a_live_tasks_job(
+    conn: Connection,
+) -> None:
+    await conn.execute("INSERT INTO engine_model (name) VALUES ('echo')")
+    live = request("echo", run_mode=RunMode.LIVE)
+    await _submit_on(conn, [live])
+    queue = QueueConfig()
+    # What a Go River client inserts for the same task: {"task_id"} only, the gateway options.
+    go_job = prepare(
+        {"task_id": str(live.id)},
+        InsertOpts(queue=queue.name, unique=GATEWAY_UNIQUE_OPTS),
+        kind=queue.job_kind,
+    )
+    (result,) = await insert_tx(conn, [go_job])
+    assert result.skipped
+    assert result.job.args == {"task_id": str(live.id), "model": "echo"}
+
+
+async def test_recovery_and_the_dispatcher_give_new_jobs_the_same_routing(
+    database: Database,
+) -> None:
+    config = load_config(env={}, overrides={})
+    live = request("echo", run_mode=RunMode.LIVE)
+    simulated = request("echo", run_mode=RunMode.SIMULATION)
+    expected = {
+        str(live.id): {"task_id": str(live.id), "model": "echo"},
+        str(simulated.id): {"task_id": str(simulated.id)},
+    }
+    async with database.tasks.acquire() as conn:
+        await conn.execute("INSERT INTO engine_model (name) VALUES ('echo')")
+        await _submit_on(conn, [live, simulated])
+    finish_jobs = "UPDATE river_job SET state = 'completed', finalized_at = now()"
+
+    # Their jobs are gone: recovery gives the queued tasks new ones.
+    await database.tasks.execute(finish_jobs)
+    assert await Rescuer(config, database, "test").reenqueue() == 2
+    async with database.tasks.acquire() as conn:
+        assert await _job_args(conn) == expected
+
+    # Waiting for admission: the dispatcher gives them new ones when it admits them.
+    await database.tasks.execute(finish_jobs)
+    await database.tasks.execute(
+        "INSERT INTO engine_task_admission (task_id, scopes, status)"
+        " SELECT id, ARRAY['model:echo'], 'waiting' FROM engine_task"
+    )
+    assert (await Dispatcher(config, database).run_once()).admitted == 2
+    async with database.tasks.acquire() as conn:
+        assert await _job_args(conn) == expected

@@ -1,6 +1,14 @@
 -- Table engine_task: tasks and their execution leases. Every write to a running task is fenced
 -- by its execution token, so a stale executor can never overwrite a newer one (§6.11).
 --
+-- A claim holds the lease in one of two ways. A task with nothing to wait for becomes `running`
+-- at once, with its attempt counted. A task whose model or group has a concurrency or rate limit
+-- stays `queued` while its claim holds the token (a *pending* claim): it only becomes `running`,
+-- and only counts an attempt, when the admission gate lets it start (task_start_admitted, in
+-- the admission's transaction). So nobody reads `running` for a task that waits for a scope
+-- slot or a scope lock. Only a claim leaves a token on a queued task, so the writes that may
+-- meet a pending claim (finish, requeue, hand back) accept `queued` with the token too.
+--
 -- Batched writes lock their rows in id order first (the `locked` CTE): concurrent batches over
 -- the same tasks (a lease renewal and a finish) would otherwise lock them in plan order and
 -- could deadlock. `id = ANY($1)` keeps both scans on the primary key however large the table
@@ -63,20 +71,40 @@ SELECT status, count(*) AS n FROM engine_task GROUP BY status;
 -- name: task_lease_claim_many
 -- Claim execution leases with fresh tokens: only a queued or running task that is due, not
 -- being cancelled, and whose lease is free or expired. $1 id[], $2 token[], $3 owner instance,
--- $4 lease TTL seconds. Returns the claimed rows, each now running in phase preparing.
+-- $4 lease TTL seconds. Returns the claimed rows: running in phase preparing with the attempt
+-- counted, or, for a task of a limited model or group, still queued with the token (a pending
+-- claim, started by task_start_admitted once admitted; see the top of this file). A task whose
+-- submission is ambiguous runs at once whatever its limits: it goes to manual review without
+-- taking a slot. The limits are read live from the catalogue (two primary-key probes; it lives
+-- in the tasks database, which the start checks), so a limit set a moment ago already applies.
 -- Locks its rows in id order first (see the top of this file).
 WITH locked AS MATERIALIZED (
-    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+    -- Correlated scalar lookups, one primary-key probe per task (an EXISTS could be planned
+    -- as a hashed subplan that reads the whole catalogue on every claim).
+    SELECT t.id,
+           coalesce((SELECT m.concurrency_limit > 0 OR m.rate_limit > 0
+                     FROM engine_model m WHERE m.name = t.model), false)
+           OR coalesce((SELECT g.concurrency_limit > 0 OR g.rate_limit > 0
+                        FROM engine_group g WHERE g.key = t.group_key), false) AS limited
+    FROM engine_task t
+    WHERE t.id = ANY($1::uuid[])
+    ORDER BY t.id
+    FOR NO KEY UPDATE OF t
 )
 UPDATE engine_task t
-SET status = 'running',
-    phase = 'preparing',
-    progress = 0.1,
+SET status = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
+                  THEN 'queued' ELSE 'running' END,
+    phase = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
+                 THEN NULL ELSE 'preparing' END,
+    progress = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
+                    THEN t.progress ELSE 0.1 END,
     execution_token = i.token,
     execution_owner = $3,
     lease_expires_at = now() + make_interval(secs => $4),
-    attempts = t.attempts + 1,
-    started_at = coalesce(t.started_at, now()),
+    attempts = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
+                    THEN t.attempts ELSE t.attempts + 1 END,
+    started_at = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
+                      THEN t.started_at ELSE coalesce(t.started_at, now()) END,
     updated_at = now()
 FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
 WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
@@ -84,6 +112,53 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
   AND t.next_run_at <= now()
   AND t.cancel_requested_at IS NULL
   AND (t.execution_token IS NULL OR t.lease_expires_at < now())
+RETURNING t.*;
+
+-- name: task_start_admitted
+-- Start a pending claim the admission gate let through, in the gate's transaction: the task
+-- becomes running in phase preparing and counts its attempt now (started_at set on its first
+-- start), and its lease is renewed, since waiting for the scope locks took part of it.
+-- $1 id, $2 token, $3 lease TTL seconds. Returns the row; nothing when the token no longer
+-- holds the lease (the task was cancelled meanwhile, or the lease expired and was taken over).
+UPDATE engine_task
+SET status = 'running',
+    phase = 'preparing',
+    progress = 0.1,
+    attempts = attempts + 1,
+    started_at = coalesce(started_at, now()),
+    lease_expires_at = now() + make_interval(secs => $3),
+    updated_at = now()
+WHERE id = $1 AND execution_token = $2 AND status = 'queued'
+RETURNING *;
+
+-- name: task_hand_back
+-- Give a claimed task back before anything ran: this process has no provider for its model.
+-- It is queued again and due now, its lease released and, if the claim had made it running,
+-- the attempt given back, with started_at cleared when that was its first start ($3, which the
+-- caller reads off the claimed row: the claim stamps started_at and updated_at with the same
+-- time only then). A task whose cancel was requested in between is cancelled instead, since a
+-- queued task with a cancel request would never be claimed again. No slot or rate token is held
+-- yet (the check comes before admission), and next_run_at is left as it is: the claim found the
+-- task due. Fenced by the token, pending claims included.
+-- $1 id, $2 token, $3 first start. Returns the row when handed back or cancelled.
+UPDATE engine_task t
+SET status = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'queued' END,
+    finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
+    error = CASE
+        WHEN t.cancel_requested_at IS NOT NULL
+            THEN '{"code": "cancelled", "message": "cancelled before it ran"}'::jsonb
+        ELSE t.error
+    END,
+    phase = NULL,
+    progress = CASE WHEN t.status = 'running' AND $3 THEN 0 ELSE t.progress END,
+    attempts = CASE WHEN t.status = 'running' THEN greatest(t.attempts - 1, 0)
+                    ELSE t.attempts END,
+    started_at = CASE WHEN t.status = 'running' AND $3 THEN NULL ELSE t.started_at END,
+    execution_token = NULL,
+    execution_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = $1 AND t.execution_token = $2 AND t.status IN ('running', 'queued')
 RETURNING t.*;
 
 -- name: task_lease_renew_many
@@ -153,7 +228,8 @@ RETURNING t.id;
 -- Record outcomes and release leases, scope slots (waking dispatchers) and unspent rate tokens.
 -- $1 id[], $2 token[], $3 status[] (succeeded, failed, cancelled, manual_review), $4 result
 -- JSON text[], $5 error JSON text[]. Returns the ids changed; a missing id means another
--- execution owns the task now.
+-- execution owns the task now. A pending claim (queued with the token: an error while it
+-- waited for admission) is finished the same way.
 -- Locks its rows in id order first (see the top of this file).
 WITH locked AS MATERIALIZED (
     SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
@@ -172,7 +248,7 @@ finished AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[])
          AS i(id, token, status, result, error), locked l
     WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-      AND t.execution_token = i.token AND t.status = 'running'
+      AND t.execution_token = i.token AND t.status IN ('running', 'queued')
     RETURNING t.id
 ),
 released AS (
@@ -185,7 +261,9 @@ FROM finished f, released;
 -- Put running tasks back to queued and release their leases, keeping an upstream reference so
 -- the next run resumes polling instead of submitting again (§6.9, §6.10). A task whose upstream
 -- call started but left no reference is ambiguous: it goes to manual_review instead. Scope
--- slots and unspent rate tokens are given back.
+-- slots and unspent rate tokens are given back. A pending claim (queued with the token: a
+-- rate limit, a stop or a database error while it waited for admission) is released the same
+-- way; its attempt was never counted.
 -- $1 id[], $2 token[], $3 delay seconds[], $4 only_before_submission[] (the lock-timeout path:
 -- requeue only if nothing was sent upstream). Returns id and the status now.
 -- Locks its rows in id order first (see the top of this file).
@@ -211,7 +289,7 @@ requeued AS (
          AS i(id, token, delay, only_before), locked l
     WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
       AND t.execution_token = i.token
-      AND t.status = 'running'
+      AND t.status IN ('running', 'queued')
       AND (NOT i.only_before OR t.submitted_at IS NULL)
     RETURNING t.id, t.status
 ),
@@ -222,12 +300,14 @@ SELECT q.id, q.status
 FROM requeued q, released;
 
 -- name: task_cancel_queued
--- Cancel a task that is not running yet, at once (leaving any admission line). $1 id.
--- Returns the row when cancelled.
+-- Cancel a task that is not running yet, at once (leaving any admission line). A pending claim
+-- (waiting for admission) loses its lease with it, so its run stops at its next fenced write.
+-- $1 id. Returns the row when cancelled.
 WITH cancelled AS (
     UPDATE engine_task
     SET status = 'cancelled', finished_at = now(), updated_at = now(),
         cancel_requested_at = now(),
+        execution_token = NULL, execution_owner = NULL, lease_expires_at = NULL,
         error = '{"code": "cancelled", "message": "cancelled before it ran"}'
     WHERE id = $1 AND status = 'queued'
     RETURNING *
@@ -305,8 +385,9 @@ WHERE t.id = victims.id
 RETURNING t.id, t.status, t.run_mode;
 
 -- name: task_list_recoverable
--- Queued tasks with no live job (§6.7), due first. $1 limit.
-SELECT t.id, t.next_run_at
+-- Queued tasks with no live job (§6.7), due first, with the model and run mode their job's
+-- args carry. $1 limit.
+SELECT t.id, t.next_run_at, t.model, t.run_mode
 FROM engine_task t
 WHERE t.status = 'queued'
   -- A waiting task is the dispatcher's: it gets its job when it is admitted (§6.7).

@@ -47,3 +47,11 @@ UPDATE engine_task SET river_job_id = $2, updated_at = now() WHERE id = $1;
 -- name: task_count_by_status_for_ids
 -- Counts per status of the given tasks, for progress displays. $1 id[].
 SELECT status, count(*) AS n FROM engine_task WHERE id = ANY($1::uuid[]) GROUP BY status;
+
+-- name: task_count_queued_live_by_model
+-- Queued live tasks per model, for status: their jobs go only to instances serving the model.
+SELECT model, count(*) AS n
+FROM engine_task
+WHERE status = 'queued' AND run_mode = 'live'
+GROUP BY model
+ORDER BY model;

@@ -39,20 +39,35 @@ FROM unnest($1::text[]) AS s(scope);
 SELECT * FROM engine_task_admission WHERE task_id = $1;
 
 -- name: admission_wait
--- Record that task $1 waits for scopes $2 (group $3; queue timeout at $4, NULL = none) and
--- put the task back to queued, fenced by its token $5. A task that already waits keeps its
--- place in line. Returns the task id when the task was requeued.
-WITH waiting AS (
+-- Task $1, whose pending claim (queued, holding token $5) found a scope full, joins the line
+-- for scopes $2 (group $3; queue timeout at $4, NULL = none): the claim's lease is released and
+-- the task stays queued, never shown running and with no attempt counted. A task that already
+-- waits keeps its place in line. Its job $6, the run asking, is completed here too: a waiting
+-- task has no live job (the dispatcher inserts one when it admits the task), and completing
+-- it in this transaction rather than when the handler returns means a dispatcher admitting the
+-- task a moment later never finds this job still running and takes it for the task's live job
+-- (the unique insert would return it instead of a new one, and the task would sit admitted
+-- with no job until recovery). Nothing is written when the token no longer holds the lease.
+-- Returns the task id when the task now waits.
+WITH released AS (
+    UPDATE engine_task
+    SET execution_token = NULL, execution_owner = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE id = $1 AND execution_token = $5 AND status = 'queued'
+    RETURNING id
+),
+waiting AS (
     INSERT INTO engine_task_admission (task_id, scopes, group_key, status, expires_at)
-    VALUES ($1, $2, $3, 'waiting', $4)
+    SELECT id, $2::text[], $3::text, 'waiting', $4::timestamptz FROM released
     ON CONFLICT (task_id) DO UPDATE SET status = 'waiting', admitted_at = NULL,
                                         scopes = EXCLUDED.scopes
+),
+job_done AS (
+    UPDATE river_job
+    SET state = 'completed', finalized_at = now()
+    WHERE id = $6::bigint AND state = 'running' AND EXISTS (SELECT 1 FROM released)
 )
-UPDATE engine_task
-SET status = 'queued', phase = NULL, execution_token = NULL, execution_owner = NULL,
-    lease_expires_at = NULL, updated_at = now()
-WHERE id = $1 AND execution_token = $5 AND status = 'running'
-RETURNING id;
+SELECT id FROM released;
 
 -- name: scope_lease_take
 -- Hold one slot in each scope of $2 for task $1 (owner $3) and drop its admission row.

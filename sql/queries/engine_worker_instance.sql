@@ -11,15 +11,16 @@ SELECT pg_advisory_xact_lock($1);
 -- $3 pod_name, $4 site, $5 revision, $6 desired_capacity, $7 capacity_limit, $8 load_mode,
 -- $9 safe_capacity, $10 heavy_capacity, $11 active_tasks, $12 preparing_tasks,
 -- $13 waiting_upstream_tasks, $14 finalizing_tasks, $15 pressure_state, $16 pressure_reason,
--- $17 load_sampled_at. Returns the row's status and started_at after the write.
+-- $17 load_sampled_at, $18 models (text[]; NULL = every model). Returns the row's status and
+-- started_at after the write.
 INSERT INTO engine_worker_instance AS w (
     instance_id, pod_uid, pod_name, site, revision, desired_capacity, capacity_limit,
     load_mode, safe_capacity, heavy_capacity, active_tasks, preparing_tasks,
     waiting_upstream_tasks, finalizing_tasks, pressure_state, pressure_reason, load_sampled_at,
-    status, heartbeat_at, started_at
+    models, status, heartbeat_at, started_at
 )
 VALUES (
-    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18::text[],
     'active', now(), now()
 )
 ON CONFLICT (instance_id) DO UPDATE
@@ -39,6 +40,7 @@ ON CONFLICT (instance_id) DO UPDATE
         pressure_state = EXCLUDED.pressure_state,
         pressure_reason = EXCLUDED.pressure_reason,
         load_sampled_at = EXCLUDED.load_sampled_at,
+        models = EXCLUDED.models,
         heartbeat_at = now()
     -- status, draining_at, started_at and allocated are kept: a draining instance stays
     -- draining (§6.2 step 1), and started_at orders the split, so it must not move (§6.2 step 2).
@@ -85,7 +87,7 @@ RETURNING instance_id, status, draining_at, allocated;
 SELECT instance_id, pod_uid, pod_name, site, revision, desired_capacity, capacity_limit,
        allocated, load_mode, safe_capacity, heavy_capacity, active_tasks, preparing_tasks,
        waiting_upstream_tasks, finalizing_tasks, pressure_state, pressure_reason,
-       load_sampled_at, status, heartbeat_at, started_at, draining_at,
+       load_sampled_at, status, heartbeat_at, started_at, draining_at, models,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age
 FROM engine_worker_instance
 ORDER BY started_at, instance_id;
@@ -105,3 +107,26 @@ SELECT instance_id,
        heartbeat_at < now() - make_interval(secs => $1)
            OR (status = 'draining' AND draining_at < now() - make_interval(secs => $2)) AS dead
 FROM engine_worker_instance;
+
+-- name: worker_instance_unserved_models
+-- Which of the models $1 (text[]) no live instance serves: live is active with a heartbeat in
+-- the last $2 seconds, as in worker_instance_list_active; an instance with models NULL serves
+-- every model. Sorted by name.
+SELECT m.model
+FROM unnest($1::text[]) AS m(model)
+WHERE NOT EXISTS (
+    SELECT 1
+    FROM engine_worker_instance w
+    WHERE w.status = 'active'
+      AND w.heartbeat_at >= now() - make_interval(secs => $2)
+      AND (w.models IS NULL OR m.model = ANY(w.models))
+)
+ORDER BY m.model;
+
+-- name: worker_instance_reactivate
+-- A capacity refresher that (re)starts in a live process takes the instance back into the split:
+-- an earlier refresher of the same process marked it draining on its way out (a crash). $1
+-- instance id. A no-op before the first registration.
+UPDATE engine_worker_instance
+SET status = 'active', draining_at = NULL
+WHERE instance_id = $1 AND status = 'draining';

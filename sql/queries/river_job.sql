@@ -44,7 +44,10 @@ SELECT inserted.* FROM inserted, notified;
 -- running with attempt + 1. SKIP LOCKED lets many producers claim at once without waiting on
 -- each other; a paused queue yields nothing. The same statement marks running jobs $5
 -- completed: under load the producer carries the completer's plain completions, saving a round
--- trip per batch. $4 now (NULL = now()).
+-- trip per batch. $4 now (NULL = now()). $6 an args key and $7 its allowed values: with a key,
+-- only jobs whose args lack it (or hold null) or hold one of $7 are claimed; $6 NULL claims
+-- every job. The filter is checked on the rows the fetching index yields: each job it passes
+-- over still costs a heap visit.
 WITH completed AS (
     UPDATE river_job
     SET state = 'completed', finalized_at = now()
@@ -59,6 +62,7 @@ locked_jobs AS (
       AND NOT EXISTS (
           SELECT 1 FROM river_queue WHERE name = $1 AND paused_at IS NOT NULL
       )
+      AND ($6::text IS NULL OR args ->> $6::text IS NULL OR args ->> $6::text = ANY($7::text[]))
     ORDER BY priority, scheduled_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -1,0 +1,501 @@
+"""The one service tree: :func:`serve` owns the root nursery and the whole start and stop order.
+
+``async with engine.open(config, providers=...)``, ``await nursery.start(engine.serve, config,
+providers=...)`` and ``python -m engine run`` all run this tree; the command line adds only
+signal handling, the demo catalogue and what it prints::
+
+    serve
+    ├── trio-asyncio loop, the database (embedded server or URL), pools, migrations, providers
+    └── root nursery
+        ├── records layer           outlives the control layer, so every outcome is recorded
+        │   ├── event writer        task history, buffered (one INSERT per 50 ms or 1,000)
+        │   ├── completer           batched job completions; shielded, flushes last
+        │   ├── notifier            LISTEN: inserts, job control, leadership
+        │   ├── task notices        LISTEN: finished tasks wake wait(), cancels reach runs
+        │   ├── lease keeper        renews this process's task leases, one UPDATE per round
+        │   └── elector [worker]    while leader: scheduler, cleaner
+        └── control layer           each sibling supervised: restarted from a fresh state
+            ├── metrics server      /metrics, /healthz, /readyz (if metrics.enabled)
+            ├── load sampler [worker]
+            ├── recovery            interrupted tasks, orphaned jobs, lost tasks
+            ├── admission           dispatcher (waiting tasks into free scope slots), reaper
+            ├── capacity [worker]   registry refresher or fixed size; owns the generations
+            │   └── generations     each: fetch scope ⊂ work scope, runner tasks
+            └── gauges              queue depth, leader, generations, waiting admissions
+
+``[worker]`` marks what client mode (``worker.mode = "client"``) leaves out: it submits, waits,
+cancels, dispatches admissions and recovers lost tasks, and executes nothing. ``control=False``
+leaves out the whole control layer (the command line's read-only commands).
+
+Start order is top to bottom; each service reports ready through ``task_status`` before the
+next starts, and :func:`serve` hands back the open :class:`~engine.service.engine.Engine` once
+every one is up. A start that fails is torn down and tried again from scratch
+(``worker.startup_attempts``, ``worker.startup_retry_delay`` apart); a configuration error is
+not retried.
+
+Stop order is the reverse, whatever stops the tree (the caller's cancellation, the end of an
+``engine.open`` block, a crash): the control layer stops first (the capacity source marks the
+instance draining and drains its generations: no new claims, running tasks get
+``worker.shutdown_drain_timeout``, then what still runs is requeued), then the completer makes
+its last flush, then the records layer stops and the event writer flushes, then the pools close
+and the embedded server is released. Both layers are shielded from outside cancellation and
+stopped explicitly, so that order holds even when the caller's scope is cancelled.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import attrs
+import trio
+
+from engine.admission.dispatcher import Dispatcher
+from engine.capacity.fixed import FixedCapacity
+from engine.capacity.refresher import CapacityRefresher
+from engine.capacity.room import GenerationRoom, ShutdownPolicy
+from engine.capacity.snapshot import UNBOUNDED_FALLBACK
+from engine.config import EngineConfig
+from engine.db.bridge import asyncio_loop
+from engine.db.database import Database, DatabaseUrls, open_database
+from engine.db.dsn import redact
+from engine.db.resolve import migrate_databases, open_urls
+from engine.db.sqlfiles import QUERIES
+from engine.errors import ConfigError, leaves
+from engine.load.controller import LoadController, LoadThresholds
+from engine.load.retry_delay import worker_load_retry_delay
+from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
+from engine.metrics import Metrics, MetricsServer
+from engine.providers.app import check_providers, load_app, open_providers
+from engine.providers.base import Provider
+from engine.providers.simulated import SimulatedProvider
+from engine.queue.client import make_instance_id, make_queue_client
+from engine.queue.slots import SlotPool
+from engine.queue.workers import Workers
+from engine.recovery.rescuer import RecoveryReport, Rescuer
+from engine.service.engine import Engine
+from engine.service.health import Health
+from engine.service.supervise import supervise
+from engine.tasks.jobs import TaskRunArgs, model_claim_filter
+from engine.tasks.notices import TaskNotices
+from engine.tasks.runner import LeaseKeeper, TaskRunner
+from engine.tasks.store import EventWriter, TaskStore
+
+__all__ = ["open", "serve"]
+
+log = logging.getLogger(__name__)
+
+_WAITING_COUNT = QUERIES["admission_count_waiting"]
+
+#: Seconds the records layer gets to stop once the control layer has: the completer's and the
+#: event writer's last flushes are bounded on their own (30 s and 10 s), this bounds the rest.
+_RECORDS_STOP_TIMEOUT = 45.0
+#: Seconds between two updates of the gauges (queue depth, leader, waiting admissions).
+_GAUGES_INTERVAL = 5.0
+
+
+async def serve(
+    config: EngineConfig,
+    *,
+    providers: Mapping[str, Provider] | None = None,
+    simulated: Provider | None = None,
+    urls: DatabaseUrls | None = None,
+    control: bool = True,
+    load: LoadController | None = None,
+    task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the whole engine until cancelled; ``task_status.started(engine)`` once it is up.
+
+    Args:
+        config: the configuration (``engine.load_config()``).
+        providers: a provider per model name; default: the ``app`` setting's providers, else
+            none (simulation tasks only). Each is checked when registered.
+        simulated: the provider of ``simulation`` tasks (default: a zero-latency one).
+        urls: where the databases are (default: resolved from ``config``, starting the
+            embedded server if no URL is configured).
+        control: False runs the records layer only (submit, read, wait, cancel; no recovery,
+            admission, capacity or metrics), for read-only tools.
+        load: the load controller (default: one built from the ``load`` settings).
+
+    Raises:
+        ConfigError: invalid settings, app or providers (not retried).
+        EngineError: the start failed ``worker.startup_attempts`` times; the last error.
+    """
+    attempts = max(1, config.worker.startup_attempts)
+    started = False
+
+    def on_started(engine: Engine) -> None:
+        nonlocal started
+        started = True
+        task_status.started(engine)
+
+    for attempt in range(1, attempts + 1):
+        try:
+            await _serve_once(config, providers, simulated, urls, control, load, on_started)
+            return
+        except Exception as exc:
+            if (
+                started
+                or attempt == attempts
+                or all(isinstance(e, ConfigError) for e in leaves(exc))
+            ):
+                raise  # a configuration error does not go away by trying again
+            log.warning(
+                "service start failed; retrying",
+                extra={
+                    "event": "service_start_retry",
+                    "attempt": attempt,
+                    "attempts": attempts,
+                    "delay": config.worker.startup_retry_delay,
+                    "error": _describe(exc),
+                },
+            )
+        await trio.sleep(config.worker.startup_retry_delay)
+
+
+@asynccontextmanager
+async def open(
+    config: EngineConfig,
+    *,
+    providers: Mapping[str, Provider] | None = None,
+    simulated: Provider | None = None,
+    urls: DatabaseUrls | None = None,
+    control: bool = True,
+    load: LoadController | None = None,
+) -> AsyncIterator[Engine]:
+    """Run the whole engine (:func:`serve`) for the block and yield the open engine.
+
+    Leaving the block stops it by the shutdown policy: running tasks get
+    ``worker.shutdown_drain_timeout`` to finish, the rest are requeued. An exception raised in
+    the block leaves it as itself (not wrapped in an exception group) when it is the only one.
+    """
+    try:
+        async with asyncio_loop(), trio.open_nursery() as nursery:
+            engine: Engine = await nursery.start(
+                functools.partial(
+                    serve,
+                    config,
+                    providers=providers,
+                    simulated=simulated,
+                    urls=urls,
+                    control=control,
+                    load=load,
+                )
+            )
+            try:
+                yield engine
+            finally:
+                nursery.cancel_scope.cancel(reason="engine block ended")
+    except BaseExceptionGroup as group:
+        found = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+        if len(found) == 1:
+            raise found[0] from found[0].__cause__
+        raise
+
+
+def _describe(exc: BaseException) -> str:
+    """The error's message, looking through the exception groups nurseries wrap it in."""
+    found = list(leaves(exc))
+    leaf = found[0] if len(found) == 1 else exc
+    return str(leaf) or type(leaf).__name__
+
+
+def _thresholds(config: EngineConfig) -> LoadThresholds:
+    load = config.load
+    return LoadThresholds(
+        cpu_elevated=load.cpu_elevated,
+        cpu_critical=load.cpu_critical,
+        memory_elevated=load.memory_elevated,
+        memory_critical=load.memory_critical,
+        db_elevated=load.db_connections_elevated,
+        db_critical=load.db_connections_critical,
+        escalate_samples=load.escalate_samples,
+        recover_samples=load.recover_samples,
+    )
+
+
+def _fixed_size(config: EngineConfig) -> int:
+    worker = config.worker
+    return worker.instance_hard_limit or worker.hard_limit or UNBOUNDED_FALLBACK
+
+
+async def _serve_once(
+    config: EngineConfig,
+    providers: Mapping[str, Provider] | None,
+    simulated: Provider | None,
+    urls: DatabaseUrls | None,
+    control: bool,
+    load: LoadController | None,
+    on_started: Callable[[Engine], None],
+) -> None:
+    """One attempt of :func:`serve`."""
+    worker = control and config.worker.mode == "worker"
+    dbc = config.database
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(asyncio_loop())
+        if providers is None and config.app is not None and worker:
+            providers = await stack.enter_async_context(open_providers(load_app(config.app)))
+        served = check_providers(providers or {})
+        if urls is None:
+            urls = await stack.enter_async_context(open_urls(config))
+        db = await stack.enter_async_context(
+            open_database(
+                urls,
+                min_size=dbc.pool_min_size,
+                max_size=dbc.pool_max_size,
+                statement_cache_size=dbc.statement_cache_size,
+                lock_timeout=dbc.lock_timeout,
+                command_timeout=dbc.command_timeout,
+                attempts=dbc.connect_attempts,
+                retry_delay=dbc.connect_retry_delay,
+            )
+        )
+        if dbc.migrate_on_start:
+            await migrate_databases(db)
+        if load is None and worker:
+            load = LoadController(
+                mode=config.load.mode,
+                claim_limit=0,
+                heavy_limit=config.load.heavy_limit,
+                thresholds=_thresholds(config),
+            )
+        engine = await _assemble(config, db, urls, served, simulated, load if worker else None)
+        await _run_tree(engine, worker=worker, control=control, on_started=on_started)
+
+
+async def _assemble(
+    config: EngineConfig,
+    db: Database,
+    urls: DatabaseUrls,
+    providers: dict[str, Provider],
+    simulated: Provider | None,
+    load: LoadController | None,
+) -> Engine:
+    """Build every part (no service runs yet)."""
+    instance_id = config.instance_name or make_instance_id()
+    store = TaskStore(db.tasks, instance_id, lease_ttl=config.tasks.lease_ttl)
+    events = EventWriter(db.tasks)
+    keeper = LeaseKeeper(store, config.tasks.lease_renew_interval)
+    metrics = Metrics()
+    runner = TaskRunner(
+        store,
+        events,
+        keeper,
+        providers,
+        simulated=simulated or SimulatedProvider(),
+        instance_id=instance_id,
+        load=load,
+        lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
+        queue_timeout=config.admission.queue_timeout,
+        catalog=db.coordination,
+        load_retry_delay=functools.partial(
+            worker_load_retry_delay,
+            base=config.load.retry_base,
+            spread_ms=config.load.retry_spread_ms,
+        ),
+    )
+    runner.on_finished = lambda status: metrics.count_task(status.value)
+    runner.on_phase = metrics.observe_task_phase
+    workers = Workers()
+    workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
+    slots = SlotPool(0)  # nothing runs until the capacity source grants a share
+    queue = await make_queue_client(
+        db, config.queue, workers=workers, instance_id=instance_id, slots=slots
+    )
+    queue.completer.on_flushed = metrics.observe_completions
+    queue.on_claim = metrics.observe_claim
+    return Engine(
+        config,
+        db,
+        queue,
+        store,
+        TaskNotices(db.tasks.dsn, keeper.cancel),
+        keeper,
+        runner,
+        event_writer=events,
+        urls=urls,
+        metrics=metrics,
+        health=Health(),
+        policy=ShutdownPolicy(
+            drain_timeout=config.worker.shutdown_drain_timeout,
+            stop_timeout=config.worker.stop_timeout,
+        ),
+        load=load,
+    )
+
+
+@attrs.define(eq=False)
+class _Layer:
+    """A nursery of services that stops only when told to: shielded from outside cancellation,
+    so the tree's layers stop in order (:func:`serve`'s docstring)."""
+
+    name: str
+    scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
+    done: trio.Event = attrs.field(factory=trio.Event)
+    running: bool = False
+
+    async def run(self, *, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+        self.running = True
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    task_status.started(nursery)
+                    await trio.sleep_forever()
+        finally:
+            self.done.set()
+
+    async def stop(self, timeout: float) -> None:
+        """Cancel the layer's services and wait (shielded, ``timeout`` at most) until they end."""
+        if not self.running:
+            return
+        self.scope.cancel(reason=f"engine stopping: {self.name} layer")
+        with trio.move_on_after(timeout, shield=True):
+            await self.done.wait()
+
+
+async def _run_tree(
+    engine: Engine, *, worker: bool, control: bool, on_started: Callable[[Engine], None]
+) -> None:
+    """Start both layers in order, hand back the engine, and stop them in order."""
+    config = engine.config
+    records, controls = _Layer("records"), _Layer("control")
+    async with trio.open_nursery() as root:
+        try:
+            services = await root.start(records.run)
+            await services.start(engine.event_writer.run)
+            await services.start(engine.queue.run_completer)
+            await services.start(engine.queue.run_notifier)
+            await services.start(engine.notices.run)
+            await services.start(engine.keeper.run)
+            if worker:
+                await services.start(engine.queue.make_elector().run)
+            if control:
+                siblings = await root.start(controls.run)
+                await _start_control(engine, siblings, worker=worker)
+            engine.health.serving = True
+            # The command line's read-only tools open the records layer only: not worth a line.
+            log.log(
+                logging.INFO if control else logging.DEBUG,
+                "service started",
+                extra={
+                    "event": "service_started",
+                    "url": redact(engine.urls.tasks),
+                    "instance_id": engine.instance_id,
+                    "mode": config.worker.mode if control else "tools",
+                    "models": sorted(engine.runner.providers),
+                },
+            )
+            on_started(engine)
+            await trio.sleep_forever()
+        finally:
+            engine.health.serving = False
+            with trio.CancelScope(shield=True):
+                # Generous: the capacity source bounds its own drain and stop.
+                await controls.stop(
+                    config.worker.mark_draining_timeout
+                    + engine.policy.drain_timeout
+                    + engine.policy.stop_timeout
+                    + 5.0
+                )
+                await engine.queue.close_completer()
+                await records.stop(_RECORDS_STOP_TIMEOUT)
+            root.cancel_scope.cancel(reason="engine stopped")
+
+
+async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool) -> None:
+    """Start the control layer's siblings in order, each under :func:`supervise`."""
+    config, db, metrics, health = engine.config, engine.db, engine.metrics, engine.health
+    if config.metrics.enabled:
+        server = MetricsServer(
+            metrics, host=config.metrics.host, port=config.metrics.port, ready=health.ready
+        )
+        port = await nursery.start(supervise, "metrics", lambda: server.run, health)
+        engine.metrics_url = f"http://{config.metrics.host}:{port}/metrics"
+        log.info("metrics served", extra={"event": "metrics_started", "url": engine.metrics_url})
+    sampler: LoadSamplerService | None = None
+    if worker and engine.load is not None:
+        sampler = LoadSamplerService(
+            engine.load,
+            ProcessSampler(),
+            interval=config.load.sample_interval,
+            connections=lambda: db_usage(db),
+            on_snapshot=metrics.set_worker_load,
+        )
+        await nursery.start(supervise, "load_sampler", lambda: sampler.run, health)
+
+    def rescuer() -> Callable[..., Awaitable[None]]:
+        return Rescuer(
+            config,
+            db,
+            engine.instance_id,
+            engine.queue.channels.insert,
+            client_mode=not worker,
+            on_report=lambda report: _count_recovery(metrics, report),
+        ).run
+
+    await nursery.start(supervise, "recovery", rescuer, health)
+    await nursery.start(
+        supervise,
+        "admission",
+        lambda: Dispatcher(config, db, engine.queue.channels.insert).run,
+        health,
+    )
+    if worker:
+        await nursery.start(supervise, "capacity", lambda: _capacity(engine, sampler), health)
+    await nursery.start(supervise, "gauges", lambda: functools.partial(_gauges, engine), health)
+
+
+def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..., Awaitable[None]]:
+    """A fresh capacity source (its ``run``), as ``worker.capacity`` chooses."""
+    config = engine.config
+    served = tuple(sorted(engine.runner.providers))
+    # Live tasks carry their model in the job's args; claim only those this process serves
+    # (and every job without a model: simulation tasks, jobs a Go client inserted).
+    args_filter = model_claim_filter(served)
+    if config.worker.capacity == "fixed":
+        room = GenerationRoom(
+            engine.queue,
+            config.queue.name,
+            resize_drain_timeout=config.worker.drain_timeout,
+            args_filter=args_filter,
+            on_change=lambda: engine.metrics.set_generations(len(engine.queue.generations)),
+        )
+        source: FixedCapacity | CapacityRefresher = FixedCapacity(
+            room, _fixed_size(config), engine.queue.slots, policy=engine.policy, load=engine.load
+        )
+    else:
+        source = CapacityRefresher(
+            config,
+            engine.db,
+            engine.queue,
+            engine.queue.slots,
+            policy=engine.policy,
+            load=engine.load,
+            sampler=sampler,
+            metrics=engine.metrics,
+            args_filter=args_filter,
+            models=served,
+        )
+    engine.capacity = source
+    return source.run
+
+
+def _count_recovery(metrics: Metrics, report: RecoveryReport) -> None:
+    for kind, n in attrs.asdict(report).items():
+        metrics.count_recoveries(kind, n)
+
+
+async def _gauges(
+    engine: Engine, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Refresh the gauges that no event updates, every few seconds."""
+    metrics, queue = engine.metrics, engine.queue
+    task_status.started()
+    while True:
+        metrics.set_queue_depth(await queue.counts())
+        metrics.set_leader(queue.elector is not None and queue.elector.is_leader)
+        metrics.set_generations(len(queue.generations))
+        metrics.set_admissions_waiting(int(await engine.db.tasks.fetchval(_WAITING_COUNT) or 0))
+        await trio.sleep(_GAUGES_INTERVAL)
