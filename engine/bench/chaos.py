@@ -73,8 +73,8 @@ Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…)
   runs from its ``task.started`` (unless the next event is ``task.waiting`` or
   ``task.rate_limited``: admission turned it away) to its final or requeue event; a sweep per
   model and group counts each time the running executions stayed above the limit for longer
-  than 50 ms. Event times are written a moment before admission decides and just after the
-  release commits, in different trio tasks, so the intervals over-cover the slot: at a
+  than 50 ms. Event times are stamped as admission commits and just after the release commits,
+  in different trio tasks, so the intervals over-cover the slot: at a
   hand-over the next task's start can be stamped a few milliseconds before the previous one's
   end. Those boundary excesses are counted apart as ``limit_boundary_overlaps`` (reported
   only); a task running without its slot would overlap for most of its ~0.85 s run. Target 0.
@@ -1026,9 +1026,10 @@ class _Execution:
 def _executions(rows: Sequence[Record], measured_until: datetime) -> list[_Execution]:
     """The admitted executions in ``rows`` (:data:`_RUN_EVENTS`).
 
-    ``task.started`` is written right after the claim, a moment before admission decides; an
-    execution whose next event is ``task.waiting`` or ``task.rate_limited`` never held a slot.
-    Any other ends with its final (or requeue) event, written just after the release commits,
+    ``task.started`` is written once admission let the run through (a run turned away writes
+    ``task.waiting`` or ``task.rate_limited`` instead; older runs wrote ``task.started`` first,
+    so an execution whose next event is one of those never held a slot either). Any other
+    ends with its final (or requeue) event, written just after the release commits,
     or with the next ``task.started`` of the task, or with the task's ``finished_at`` (else
     ``measured_until``). So each interval covers the time the slot was held, a little more
     at both ends: counting them can over-report an excess at a boundary, never hide one."""
@@ -1060,7 +1061,7 @@ def _executions(rows: Sequence[Record], measured_until: datetime) -> list[_Execu
 
 #: How long an excess seen in the task events may last and still be the events' own
 #: over-cover at a hand-over (see the module docstring): the next task's ``task.started`` is
-#: stamped before its admission, the previous task's final event after its release commits, and
+#: stamped as its admission commits, the previous task's final event after its release commits, and
 #: the two run in different trio tasks. The hand-over excesses seen so far lasted under a
 #: millisecond; a task that ran without its slot would overlap for most of its ~0.85 s run.
 _BOUNDARY_SLACK = 0.05

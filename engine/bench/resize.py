@@ -24,7 +24,8 @@ claim limit they apply. Figures:
     ``bench_submission`` row (the worker writes that row *before* the simulated upstream is
     called, so every attempt to reach the upstream is on record).
 ``over_allocation_samples``
-    From the task events, each execution is an interval on its instance: ``task.started`` up to
+    From the task events, each execution is an interval on its instance: its claim (the
+    ``claimed_at`` of its ``task.started`` event, when it holds its slot) up to
     the same task's next event with a status other than ``running`` (a final one, or back to
     ``queued``: requeued, waiting for admission, rate limited) or its next ``task.started``
     (another execution took over); an execution of the killed process ends at the kill at the
@@ -535,7 +536,15 @@ async def _timeline(
     events = [
         (r["task_id"], r["type"], r["status"], r["instance_id"], r["at"].timestamp())
         for r in await tasks_pool.fetch(
-            "SELECT task_id, type, status, instance_id, at FROM engine_task_event ORDER BY at, id"
+            # An execution holds its slot from its claim, which for a limited task comes a
+            # moment before admission and its task.started event (claimed_at in the payload).
+            """
+            SELECT task_id, type, status, instance_id,
+                   CASE WHEN type = 'task.started' AND payload ->> 'claimed_at' IS NOT NULL
+                        THEN least(at, (payload ->> 'claimed_at')::timestamptz)
+                        ELSE at END AS at
+            FROM engine_task_event ORDER BY 5, id
+            """
         )
     ]
     executions = executions_from_events(

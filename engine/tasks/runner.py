@@ -126,7 +126,7 @@ async def _provider_call(phase: str, call: Callable[..., Awaitable[_T]], *args: 
 class _Run:
     """One run of the handler: the task it runs, known once the lease claim returns it."""
 
-    __slots__ = ("handing_back", "started", "task", "task_id", "token")
+    __slots__ = ("claimed_at", "handing_back", "started", "task", "task_id", "token")
 
     def __init__(self, task_id: uuid.UUID, token: uuid.UUID) -> None:
         self.task_id = task_id
@@ -136,6 +136,9 @@ class _Run:
         self.started = False
         #: True while the run hands the task back (its write failing retries the job).
         self.handing_back = False
+        #: When the lease claim returned: the job's slot is held from then on, also while
+        #: the claim waits for admission.
+        self.claimed_at: datetime | None = None
 
 
 class _Execution:
@@ -424,6 +427,7 @@ class TaskRunner:
     async def _execute(self, run: _Run, job: Job, lease: LoadLease | None) -> None:
         token = run.token
         claimed = await self.store.claim(run.task_id, token)
+        run.claimed_at = datetime.now(UTC)
         if claimed is None:
             current = await self._runnable(run.task_id, job)
             now = datetime.now(UTC)
@@ -509,7 +513,11 @@ class TaskRunner:
             status="running",
             phase="preparing",
             progress=0.1,
-            payload={"attempt": task.attempts},
+            # claimed_at: when this run's slot was taken (before admission, for a limited task).
+            payload={
+                "attempt": task.attempts,
+                "claimed_at": None if run.claimed_at is None else run.claimed_at.isoformat(),
+            },
         )
 
     async def _hand_back(self, task: Task, token: uuid.UUID) -> None:

@@ -106,3 +106,36 @@ async def test_concurrent_batches_over_the_same_tasks_never_deadlock(database: D
                 nursery.start_soon(phases)
     renewed = await database.tasks.fetch(QUERIES["task_lease_renew_many"], ids, ids, 30.0)
     assert len(renewed) == len(ids)
+
+
+async def test_recovery_releases_a_pending_claim_whose_owner_died(conn: Connection) -> None:
+    # A claim of a limited task waits for admission holding a token while the task stays
+    # queued; if its owner dies there, recovery must free the task for the next claim.
+    rows = await conn.fetch(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 execution_token, execution_owner, lease_expires_at, attempts)
+        VALUES (gen_random_uuid(), 'm', 't', 'u', 'simulation', '{}', 'queued',
+                gen_random_uuid(), 'dead', now() + interval '1 hour', 0),
+               (gen_random_uuid(), 'm', 't', 'u', 'simulation', '{}', 'queued',
+                gen_random_uuid(), 'alive', now() - interval '1 second', 0),
+               (gen_random_uuid(), 'm', 't', 'u', 'simulation', '{}', 'queued',
+                gen_random_uuid(), 'alive', now() + interval '1 hour', 0)
+        RETURNING id, execution_owner, lease_expires_at < now() AS expired
+        """
+    )
+    dead, expired, held = (r["id"] for r in rows)
+    recovered = await conn.fetch(QUERIES["task_recover_interrupted_many"], ["dead"], 100, "me")
+    assert sorted(r["id"] for r in recovered) == sorted([dead, expired])
+    assert {r["status"] for r in recovered} == {"queued"}
+    after = {
+        r["id"]: r
+        for r in await conn.fetch(
+            "SELECT id, status, execution_token, attempts, finished_at FROM engine_task"
+        )
+    }
+    for task_id in (dead, expired):
+        task = after[task_id]
+        assert task["status"] == "queued" and task["execution_token"] is None
+        assert task["attempts"] == 0 and task["finished_at"] is None
+    assert after[held]["execution_token"] is not None  # a live claim keeps its lease

@@ -341,16 +341,19 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
   AND t.river_job_id IS DISTINCT FROM i.job_id;
 
 -- name: task_recover_interrupted_many
--- Running tasks whose execution is gone: the lease expired, or the owner is one of $1 (owners
--- the registry shows stale or draining too long; the caller reads them from the coordination
--- database). Each goes back to queued (keeping an upstream reference, so the next run resumes
--- polling); a task whose submission is ambiguous goes to manual_review; a task whose cancel was
--- requested is cancelled (§6.4). At most $2, never this process's own ($3). Scope slots and
--- unspent rate tokens are released by the admission cleanup that follows.
+-- Tasks whose execution is gone: they hold a token whose lease expired, or whose owner is one
+-- of $1 (owners the registry shows stale or draining too long; the caller reads them from the
+-- coordination database). A running one goes back to queued (keeping an upstream reference, so
+-- the next run resumes polling); one whose submission is ambiguous goes to manual_review; one
+-- whose cancel was requested is cancelled. A pending claim (queued with a token: its owner died
+-- while it waited for admission) only loses the token, so the next claim can take it. At most
+-- $2, never this process's own ($3). Scope slots and unspent rate tokens are released by the
+-- admission cleanup that follows.
 WITH victims AS (
     SELECT t.id
     FROM engine_task t
-    WHERE t.status = 'running'
+    WHERE t.execution_token IS NOT NULL
+      AND t.status IN ('queued', 'running')
       AND t.execution_owner IS DISTINCT FROM $3
       AND (t.lease_expires_at < now() OR t.execution_owner = ANY($1::text[]))
     ORDER BY t.id
@@ -359,15 +362,18 @@ WITH victims AS (
 )
 UPDATE engine_task t
 SET status = CASE
+        WHEN t.status = 'queued' THEN 'queued'
         WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
         WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
         ELSE 'queued'
     END,
     finished_at = CASE
+        WHEN t.status = 'queued' THEN NULL
         WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
         WHEN t.cancel_requested_at IS NOT NULL THEN now()
     END,
     error = CASE
+        WHEN t.status = 'queued' THEN t.error
         WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN
             '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
         WHEN t.cancel_requested_at IS NOT NULL THEN
