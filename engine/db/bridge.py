@@ -95,6 +95,10 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.InterfaceError,
+    # Seen when a server restart breaks a connection in the middle of a statement ("cannot
+    # switch to state 12; another operation (2) is in progress"): the connection is unusable,
+    # which callers handle as a lost connection (retry, requeue), not as a bug of theirs.
+    asyncpg.exceptions.InternalClientError,
     ConnectionError,
     OSError,
     TimeoutError,
