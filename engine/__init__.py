@@ -19,7 +19,9 @@ embedding app's tests a real database and a running engine.
 from engine._version import __version__ as __version__
 from engine.config import EngineConfig as EngineConfig
 from engine.config import load_config as load_config
+from engine.errors import AppError as AppError
 from engine.errors import EngineError as EngineError
+from engine.errors import InvalidProvider as InvalidProvider
 from engine.errors import InvalidTask as InvalidTask
 from engine.errors import TaskNotFound as TaskNotFound
 from engine.providers.base import AmbiguousSubmission as AmbiguousSubmission
@@ -39,10 +41,12 @@ from engine.tasks.models import TaskStatus as TaskStatus
 
 __all__ = [
     "AmbiguousSubmission",
+    "AppError",
     "Engine",
     "EngineConfig",
     "EngineError",
     "Identity",
+    "InvalidProvider",
     "InvalidTask",
     "PollResult",
     "Provider",
