@@ -21,7 +21,7 @@ a "did you mean" hint. All problems from all sources are collected and raised as
 :data:`config_problems_exit_code`.
 
 Each field's ``metadata["doc"]`` is its user documentation (unit and origin, usually a section
-of ``reference-semantics.md``); :func:`config_reference_markdown` renders them into
+of the project's design notes); :func:`config_reference_markdown` renders them into
 ``docs/configuration.md``.
 """
 
@@ -181,7 +181,7 @@ def _instance_name() -> Any:
     )
 
 
-# River's tag rule (reference-semantics section 4.1); Go's \w is ASCII and \z is Python's \Z.
+# River's tag rule for job tags; Go's \w is ASCII and \z is Python's \Z.
 _TAG_RE: Final = re.compile(r"\A[\w][\w\-]+[\w]\Z", re.ASCII)
 
 
@@ -219,7 +219,7 @@ def _stale_rule(section: str, what: str) -> _Rule:
         (f"{section}.stale_after", "worker.refresh_interval"),
         f"{section}.stale_after must be more than twice worker.refresh_interval: a worker writes "
         f"its heartbeat only once per refresh, so with a shorter threshold a live worker looks "
-        f"dead and {what} while it is still working (reference-semantics §6.6 hazard)",
+        f"dead and {what} while it is still working",
         lambda v: v[f"{section}.stale_after"] > 2 * v["worker.refresh_interval"],
     )
 
@@ -296,15 +296,15 @@ class DatabaseConfig:
         None,
         "URL for the task-store pool (the reference's `store`: task rows and the enqueue "
         "transaction); unset means `database.url`. Must reach the same database as "
-        "`database.queue_url`, since a task and its job are written in one transaction "
-        "(reference-semantics §1).",
+        "`database.queue_url`, since a task and its job are written in one transaction."
+        "",
         _postgres_url(optional=True),
     )
     coordination_url: str | None = _setting(
         None,
         "URL for the coordination pool (the reference's `coordinationStore`: capacity, worker "
         "registry, recovery and admissions); unset means `database.url`. The reference allows a "
-        "different database (§1); engine does not yet, and refuses at start a URL that reaches "
+        "different database; engine does not yet, and refuses at start a URL that reaches "
         "another database than `database.tasks_url` (a different user or host name for the same "
         "database is fine).",
         _postgres_url(optional=True),
@@ -313,7 +313,7 @@ class DatabaseConfig:
         None,
         "URL for the job-queue pool (the reference's `riverStore`: fetch, completion and "
         "maintenance); unset means `database.url`. Must reach the same database as "
-        "`database.tasks_url` (reference-semantics §1).",
+        "`database.tasks_url`.",
         _postgres_url(optional=True),
     )
     pool_min_size: int = _setting(
@@ -324,21 +324,20 @@ class DatabaseConfig:
     pool_max_size: int = _setting(
         10,
         "Most connections each pool holds at once; the load controller compares connections in "
-        "use with this (reference-semantics §5.4). Proposed default.",
+        "use with this. Proposed default.",
         _integer(1),
     )
     connect_attempts: int = _setting(
         3,
         "How many times to try to reach an unreachable database server when opening the pools "
         "before giving up (every command that connects; the service does this once per "
-        "`worker.startup_attempts` attempt), after the reference's startup retry (3 attempts, "
-        "reference-semantics §2).",
+        "`worker.startup_attempts` attempt), after the reference's startup retry (3 attempts).",
         _integer(1),
     )
     connect_retry_delay: float = _setting(
         2.0,
         "Seconds to wait between two attempts to reach the database server (reference: 2 s "
-        "between startup attempts, reference-semantics §2).",
+        "between startup attempts).",
         _number(ge=0),
     )
     migrate_on_start: bool = _setting(
@@ -357,7 +356,7 @@ class DatabaseConfig:
         None,
         "PostgreSQL `lock_timeout` for every connection, in seconds; unset keeps the server's "
         "setting. A statement that waits longer fails with SQLSTATE 55P03, which a task run "
-        "handles as a lock timeout (reference-semantics §6.12).",
+        "handles as a lock timeout.",
         _number(gt=0, optional=True),
     )
     command_timeout: float | None = _setting(
@@ -377,13 +376,13 @@ class QueueConfig:
 
     name: str = _setting(
         "gateway_tasks",
-        "Queue the engine inserts task jobs into and works (reference-semantics §2). 1 to 127 "
+        "Queue the engine inserts task jobs into and works. 1 to 127 "
         "characters, the limit of the `river_job.queue` column.",
         _text(1, 127),
     )
     job_kind: str = _setting(
         "gateway_task_run",
-        "Job kind of task jobs (reference-semantics §2). 1 to 127 characters, the limit of the "
+        "Job kind of task jobs. 1 to 127 characters, the limit of the "
         "`river_job.kind` column.",
         _text(1, 127),
     )
@@ -391,126 +390,114 @@ class QueueConfig:
         0.005,
         "Least time between two fetches of available jobs, in seconds; also the per-queue rate "
         "limit of insert notifications. Deliberately 5 ms rather than River's 100 ms "
-        "`FetchCooldown` (reference-semantics §2, §4.2), after Oban's `dispatch_cooldown`, "
-        "because the 100 ms debounce dominates pickup latency (prior-art §2).",
+        "`FetchCooldown`, after Oban's `dispatch_cooldown`, "
+        "because the 100 ms debounce dominates pickup latency.",
         _number(ge=0),
     )
     fetch_poll_interval: float = _setting(
         1.0,
         "Seconds between fallback fetches when no insert notification arrives, plus up to 10 % "
-        "jitter (River `FetchPollInterval`, reference-semantics §2, §4.2).",
+        "jitter (River `FetchPollInterval`).",
         _number(gt=0),
     )
     scheduler_interval: float = _setting(
         5.0,
         "Seconds between passes that make due scheduled and retryable jobs available; a snooze "
-        "or retry at most this far ahead is made available at once (River scheduler, "
-        "reference-semantics §2, §4.5).",
+        "or retry at most this far ahead is made available at once (River scheduler).",
         _number(gt=0),
     )
     completer_tick: float = _setting(
         0.05,
         "Tick of the batch completer, in seconds: a tick writes the finished jobs when at least "
-        "`completer_flush_size` are waiting, else every 5th tick does (River, "
-        "reference-semantics §2, §4.4).",
+        "`completer_flush_size` are waiting, else every 5th tick does (River).",
         _number(gt=0),
     )
     completer_flush_size: int = _setting(
         100,
-        "Waiting completions that make the next tick write them (River, reference-semantics §4.4).",
+        "Waiting completions that make the next tick write them (River).",
         _integer(1),
     )
     completer_max_batch: int = _setting(
         5000,
-        "Most job completions written by one statement; larger batches are split (River, "
-        "reference-semantics §2, §4.4).",
+        "Most job completions written by one statement; larger batches are split (River).",
         _integer(1),
     )
     completer_backpressure_high: int = _setting(
         10000,
         "When this many completions wait to be written, finishing jobs block until the backlog "
-        "falls below `completer_backpressure_low` (River, reference-semantics §4.4).",
+        "falls below `completer_backpressure_low` (River).",
         _integer(1),
     )
     completer_backpressure_low: int = _setting(
         5000,
-        "Backlog of waiting completions under which blocked jobs resume (River, "
-        "reference-semantics §4.4).",
+        "Backlog of waiting completions under which blocked jobs resume (River).",
         _integer(0),
     )
     hot_operation_timeout: float = _setting(
         10.0,
-        "Timeout of each fetch and completion statement, in seconds (River, reference-semantics "
-        "§2).",
+        "Timeout of each fetch and completion statement, in seconds (River).",
         _number(gt=0),
     )
     job_timeout: float | None = _setting(
         None,
         "Deadline of one job run, in seconds, for job kinds registered without a timeout of "
         "their own, task runs included; unset means no deadline, as the reference's "
-        "`JobTimeout` -1 (reference-semantics §2, §4.3). A run past it is cancelled and counts "
+        "`JobTimeout` -1. A run past it is cancelled and counts "
         "as a failed attempt, retried with backoff; a cancelled task run is requeued first and "
         "resumes on the retry.",
         _number(gt=0, optional=True),
     )
     completed_retention: float = _setting(
         86400.0,
-        "Seconds a completed job is kept before the cleaner deletes it (reference: 24 h, "
-        "reference-semantics §2).",
+        "Seconds a completed job is kept before the cleaner deletes it (reference: 24 h).",
         _number(ge=0),
     )
     cancelled_retention: float = _setting(
         86400.0,
-        "Seconds a cancelled job is kept before the cleaner deletes it (River: 24 h, "
-        "reference-semantics §2).",
+        "Seconds a cancelled job is kept before the cleaner deletes it (River: 24 h).",
         _number(ge=0),
     )
     discarded_retention: float = _setting(
         604800.0,
-        "Seconds a discarded job is kept before the cleaner deletes it (River: 7 days, "
-        "reference-semantics §2).",
+        "Seconds a discarded job is kept before the cleaner deletes it (River: 7 days).",
         _number(ge=0),
     )
     cleaner_interval: float = _setting(
         30.0,
-        "Seconds between the leader's passes that delete jobs past their retention (River, "
-        "reference-semantics §2, §4.7).",
+        "Seconds between the leader's passes that delete jobs past their retention (River).",
         _number(gt=0),
     )
     leader_ttl: float = _setting(
         15.0,
-        "Seconds a leadership term lasts without renewal (River: elect interval + 10 s, "
-        "reference-semantics §2, §4.8).",
+        "Seconds a leadership term lasts without renewal (River: elect interval + 10 s).",
         _number(gt=0),
     )
     leader_elect_interval: float = _setting(
         5.0,
-        "Seconds between attempts to take or renew leadership, plus up to 1 s jitter (River, "
-        "reference-semantics §2, §4.8).",
+        "Seconds between attempts to take or renew leadership, plus up to 1 s jitter (River).",
         _number(gt=0),
     )
     insert_max_attempts: int = _setting(
         1000,
         "Attempts allowed to an inserted task job before it is discarded; snoozes do not count "
-        "(reference: 1000, reference-semantics §2, §5.1).",
+        "(reference: 1000).",
         _integer(1),
     )
     insert_priority: int = _setting(
         2,
-        "Priority of inserted task jobs, 1 (highest) to 4 (reference: 2, reference-semantics "
-        "§2, §5.1).",
+        "Priority of inserted task jobs, 1 (highest) to 4 (reference: 2).",
         _integer(1, 4),
     )
     insert_tags: tuple[str, ...] = _setting(
         ("gateway-task",),
         "Tags written on inserted task jobs; comma-separated in the environment and with "
-        "`--set` (reference: `gateway-task`, reference-semantics §2, §4.1).",
+        "`--set` (reference: `gateway-task`).",
         _tags(),
     )
     default_max_attempts: int = _setting(
         25,
         "Attempts allowed to a job inserted through the queue client without its own "
-        "`max_attempts` (River default, reference-semantics §2). Task jobs always get "
+        "`max_attempts` (River default). Task jobs always get "
         "`insert_max_attempts`.",
         _integer(1, 32767),
     )
@@ -526,50 +513,49 @@ class WorkerConfig:
     mode: Literal["worker", "client"] = _setting(
         "worker",
         "`worker` runs jobs; `client` only inserts jobs and recovers at start (the reference's "
-        "`StartAsyncQueueWorker` and `StartAsyncQueueClient`, reference-semantics §1).",
+        "`StartAsyncQueueWorker` and `StartAsyncQueueClient`).",
         _choice("worker", "client"),
     )
     refresh_interval: float = _setting(
         5.0,
         "Seconds between capacity refreshes; each refresh re-registers the instance, which is "
         "its heartbeat (the reference's `AsyncWorkerRefreshIntervalSeconds`, whose default was "
-        "not seen; 5 s is proposed; reference-semantics §2, §5.4).",
+        "not seen; 5 s is proposed).",
         _number(gt=0),
     )
     heartbeat_stale_factor: int = _setting(
         6,
         "An instance whose last heartbeat is older than this many refresh intervals gets no "
-        "share of the capacity (reference: 6, reference-semantics §2, §6.2).",
+        "share of the capacity (reference: 6).",
         _integer(2),
     )
     hard_limit: int = _setting(
         100,
         "Cap on the cluster-wide worker capacity; 0 means no cap (the reference's "
-        "`AsyncWorkerHardLimit`, reference-semantics §2, §6.1). Proposed default.",
+        "`AsyncWorkerHardLimit`). Proposed default.",
         _integer(0),
     )
     instance_hard_limit: int = _setting(
         0,
         "Cap on the capacity of this instance; 0 means no cap (the reference's "
-        "`AsyncWorkerInstanceHardLimit`, reference-semantics §2, §6.2).",
+        "`AsyncWorkerInstanceHardLimit`).",
         _integer(0),
     )
     drain_timeout: float = _setting(
         3600.0,
         "Seconds a worker generation replaced by a resize may spend finishing its running jobs "
-        "before they are cancelled (reference: 1 h, reference-semantics §2, §5.4).",
+        "before they are cancelled (reference: 1 h).",
         _number(gt=0),
     )
     stop_timeout: float = _setting(
         10.0,
         "Seconds each worker generation gets to stop once its jobs are cancelled, at shutdown "
-        "and cleanup (reference: 10 s, reference-semantics §2, §5.5).",
+        "and cleanup (reference: 10 s).",
         _number(gt=0),
     )
     mark_draining_timeout: float = _setting(
         5.0,
-        "Timeout in seconds for marking this instance draining at shutdown (reference: 5 s, "
-        "reference-semantics §2, §5.5).",
+        "Timeout in seconds for marking this instance draining at shutdown (reference: 5 s).",
         _number(gt=0),
     )
     enqueue_rollback_timeout: float = _setting(
@@ -577,7 +563,7 @@ class WorkerConfig:
         "Seconds a failed enqueue transaction (submit, recovery re-enqueue, admission, "
         "`tasks retry`) gets to roll back, shielded from the cancellation that may have caused "
         "the failure; past it the connection is dropped, which also ends the transaction "
-        "(reference: 5 s on a fresh context, reference-semantics §2, §5.6).",
+        "(reference: 5 s on a fresh context).",
         _number(gt=0),
     )
     capacity: Literal["registry", "fixed"] = _setting(
@@ -601,20 +587,18 @@ class WorkerConfig:
         3,
         "Attempts of the whole service start (connecting, migrations, registration, the first "
         "recovery round, the first generation) before the process exits with the last error "
-        "(reference: 3, reference-semantics §2, §5.3, §10).",
+        "(reference: 3).",
         _integer(1),
     )
     startup_retry_delay: float = _setting(
         2.0,
-        "Seconds between two attempts of the service start (reference: 2 s, "
-        "reference-semantics §2, §5.3).",
+        "Seconds between two attempts of the service start (reference: 2 s).",
         _number(ge=0),
     )
     lock_timeout_requeue_delay: float = _setting(
         1.0,
         "When a run hits a PostgreSQL lock timeout before the upstream submission, the task is "
-        "requeued this many seconds later and its job snoozed as long (reference: 1 s, "
-        "reference-semantics §2).",
+        "requeued this many seconds later and its job snoozed as long (reference: 1 s).",
         _number(ge=0),
     )
 
@@ -624,85 +608,84 @@ class WorkerConfig:
 
 @attrs.frozen
 class LoadConfig:
-    """The local load controller: pressure from CPU, memory and database connections (§7.2)."""
+    """The local load controller: pressure from CPU, memory and database connections."""
 
     mode: Literal["legacy", "observe", "adaptive"] = _setting(
         "legacy",
         "`legacy` admits runs up to the claim limit; `observe` also computes pressure and safe "
-        "capacity but admits as legacy; `adaptive` enforces them (reference-semantics §7.2).",
+        "capacity but admits as legacy; `adaptive` enforces them.",
         _choice("legacy", "observe", "adaptive"),
     )
     sample_interval: float = _setting(
         1.0,
-        "Seconds between two samples of CPU, memory and database-connection use. Proposed "
-        "(reference-semantics §7.2).",
+        "Seconds between two samples of CPU, memory and database-connection use. Proposed."
+        "",
         _number(gt=0),
     )
     heavy_limit: int = _setting(
         0,
         "Most runs in the heavy phases (preparing and finalizing) at once; 0 means equal to "
-        "the claim limit (reference-semantics §7.2).",
+        "the claim limit.",
         _integer(0),
     )
     cpu_elevated: float = _setting(
         0.80,
         "CPU use, as a fraction of the available CPU, at which pressure becomes elevated. "
-        "Proposed (reference-semantics §7.2).",
+        "Proposed.",
         _fraction(),
     )
     cpu_critical: float = _setting(
         0.95,
-        "CPU use, as a fraction, at which pressure becomes critical. Proposed "
-        "(reference-semantics §7.2).",
+        "CPU use, as a fraction, at which pressure becomes critical. Proposed."
+        "",
         _fraction(),
     )
     memory_elevated: float = _setting(
         0.75,
         "Memory use, as a fraction of the cgroup limit, at which pressure becomes elevated. "
-        "Proposed (reference-semantics §7.2).",
+        "Proposed.",
         _fraction(),
     )
     memory_critical: float = _setting(
         0.90,
-        "Memory use, as a fraction, at which pressure becomes critical. Proposed "
-        "(reference-semantics §7.2).",
+        "Memory use, as a fraction, at which pressure becomes critical. Proposed."
+        "",
         _fraction(),
     )
     db_connections_elevated: float = _setting(
         0.70,
         "Database connections in use, as a fraction of the pools' maximum, at which pressure "
-        "becomes elevated. Proposed (reference-semantics §7.2).",
+        "becomes elevated. Proposed.",
         _fraction(),
     )
     db_connections_critical: float = _setting(
         0.90,
         "Database connections in use, as a fraction, at which pressure becomes critical. "
-        "Proposed (reference-semantics §7.2).",
+        "Proposed.",
         _fraction(),
     )
     escalate_samples: int = _setting(
         2,
-        "Consecutive samples above a threshold needed to raise the pressure state. Proposed "
-        "(reference-semantics §7.2).",
+        "Consecutive samples above a threshold needed to raise the pressure state. Proposed."
+        "",
         _integer(1),
     )
     recover_samples: int = _setting(
         3,
-        "Consecutive samples below a threshold needed to lower the pressure state. Proposed "
-        "(reference-semantics §7.2).",
+        "Consecutive samples below a threshold needed to lower the pressure state. Proposed."
+        "",
         _integer(1),
     )
     retry_base: float = _setting(
         0.25,
         "Seconds a refused run's job is snoozed at least; the snooze is `retry_base` plus "
-        "(hash of the task id mod `retry_spread_ms`) milliseconds (reference: 250 ms, "
-        "reference-semantics §2, §5.9).",
+        "(hash of the task id mod `retry_spread_ms`) milliseconds (reference: 250 ms).",
         _number(ge=0),
     )
     retry_spread_ms: int = _setting(
         501,
         "Modulus, in milliseconds, of the per-task part of that snooze (reference: 501, giving "
-        "250 to 750 ms; reference-semantics §5.9).",
+        "250 to 750 ms).",
         _integer(1),
     )
 
@@ -712,30 +695,28 @@ class LoadConfig:
 
 @attrs.frozen
 class RecoveryConfig:
-    """The periodic recovery of interrupted tasks and orphaned jobs (reference-semantics §5.8)."""
+    """The periodic recovery of interrupted tasks and orphaned jobs."""
 
     interval: float = _setting(
         15.0,
-        "Seconds between recovery rounds; the first runs at start (reference: 15 s, "
-        "reference-semantics §2, §5.8).",
+        "Seconds between recovery rounds; the first runs at start (reference: 15 s).",
         _number(gt=0),
     )
     stale_after: float = _setting(
         45.0,
         "Seconds without a heartbeat after which a worker counts as dead and its running jobs "
-        "are recovered (reference: 45 s, reference-semantics §2, §6.6). Must exceed twice "
+        "are recovered (reference: 45 s). Must exceed twice "
         "`worker.refresh_interval`.",
         _number(gt=0),
     )
     batch_size: int = _setting(
         100,
-        "Most orphaned jobs recovered per round (reference: 100, reference-semantics §2, §6.6).",
+        "Most orphaned jobs recovered per round (reference: 100).",
         _integer(1),
     )
     recoverable_task_limit: int = _setting(
         1000,
-        "Most tasks without a live job re-enqueued per call (reference: 1000, "
-        "reference-semantics §2, §5.7).",
+        "Most tasks without a live job re-enqueued per call (reference: 1000).",
         _integer(1),
     )
 
@@ -745,31 +726,30 @@ class RecoveryConfig:
 
 @attrs.frozen
 class AdmissionConfig:
-    """Admission: per-scope concurrency enforced before a task takes a worker slot (§8)."""
+    """Admission: per-scope concurrency enforced before a task takes a worker slot."""
 
     dispatch_interval: float = _setting(
         0.5,
         "Seconds between dispatcher passes that admit waiting tasks into free scope slots; a "
-        "lease release also wakes it. Proposed (reference-semantics §8).",
+        "lease release also wakes it. Proposed.",
         _number(gt=0),
     )
     reap_interval: float = _setting(
         5.0,
-        "Seconds between passes that release expired admissions. Proposed (reference-semantics "
-        "§8).",
+        "Seconds between passes that release expired admissions. Proposed.",
         _number(gt=0),
     )
     stale_after: float = _setting(
         45.0,
         "Seconds after which an admitted task that has not started, or whose worker is stale, "
-        "gives its slot back (reference: 45 s, reference-semantics §6.5). Must exceed twice "
+        "gives its slot back (reference: 45 s). Must exceed twice "
         "`worker.refresh_interval`.",
         _number(gt=0),
     )
     queue_timeout: float | None = _setting(
         None,
-        "Seconds a task may wait for admission before it fails; unset means no limit "
-        "(reference-semantics §8).",
+        "Seconds a task may wait for admission before it fails; unset means no limit."
+        "",
         _number(gt=0, optional=True),
     )
 
@@ -789,7 +769,7 @@ class TasksConfig:
     lease_ttl: float = _setting(
         60.0,
         "Seconds an execution lease on a task lasts without renewal; a run whose lease lapsed "
-        "may be taken over (reference-semantics §6.6, §6.11). Proposed default.",
+        "may be taken over. Proposed default.",
         _number(gt=0),
     )
     lease_renew_interval: float = _setting(
@@ -811,7 +791,7 @@ class TasksConfig:
 
 @attrs.frozen
 class MetricsConfig:
-    """The Prometheus metrics endpoint (reference-semantics §5.10)."""
+    """The Prometheus metrics endpoint."""
 
     enabled: bool | None = _setting(
         None,
@@ -879,7 +859,7 @@ class EngineConfig:
         None,
         "Human-readable name of this instance, used in its instance and client ids in place of "
         "the host name; unset means the host name. Keep it short: client ids must stay within "
-        "100 characters (reference-semantics §2 hazard).",
+        "100 characters.",
         _instance_name(),
     )
     database: DatabaseConfig = attrs.field(

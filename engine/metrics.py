@@ -1,4 +1,4 @@
-"""Prometheus metrics (reference-semantics §5.10) and a small HTTP server for them, on trio.
+"""Prometheus metrics and a small HTTP server for them, on trio.
 
 :class:`Metrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the global
 one: several engines (or tests) in one process each get their own series and never collide on

@@ -454,12 +454,12 @@ def test_cross_field_rule_explains_the_hazard() -> None:
         "(from ENGINE_WORKER_REFRESH_INTERVAL): recovery.stale_after must be more than twice "
         "worker.refresh_interval: a worker writes its heartbeat only once per refresh, so with "
         "a shorter threshold a live worker looks dead and recovery takes its running jobs away "
-        "while it is still working (reference-semantics §6.6 hazard)",
+        "while it is still working",
         "admission.stale_after = 45.0 (default), worker.refresh_interval = '30' "
         "(from ENGINE_WORKER_REFRESH_INTERVAL): admission.stale_after must be more than twice "
         "worker.refresh_interval: a worker writes its heartbeat only once per refresh, so with "
         "a shorter threshold a live worker looks dead and its admitted tasks are yielded while "
-        "it is still working (reference-semantics §6.6 hazard)",
+        "it is still working",
     ]
 
 

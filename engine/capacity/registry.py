@@ -1,6 +1,6 @@
 """The worker-instance registry: capacity load, registration (the heartbeat) and draining.
 
-The database side of reference-semantics §5.4, §6.1, §6.2 and §6.3. Each refresh tick a worker
+The database side of capacity, registration and draining. Each refresh tick a worker
 
 1. reads the global capacity with :func:`load_capacity` (§6.1: one query over the model and
    group limits, fed to :func:`~engine.capacity.snapshot.compute_capacity`), then

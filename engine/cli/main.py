@@ -48,7 +48,7 @@ configuration or usage; 3 ``db status`` found the server not running (as ``pg_ct
 130 interrupted (Ctrl-C, or a second signal during shutdown).
 
 Errors escaping trio nurseries and trio-asyncio arrive wrapped in exception groups
-(``ExceptionGroup[ExceptionGroup[X]]``, ``dependencies.md`` §3(e)); :func:`main` flattens them and
+(``ExceptionGroup[ExceptionGroup[X]]``); :func:`main` flattens them and
 reports the engine errors inside as one message each, without a traceback.
 """
 

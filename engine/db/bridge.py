@@ -5,7 +5,7 @@ trio, and every crossing goes through :func:`call`, which also maps asyncpg's er
 error tree once, most specific first. Callers above this module never import asyncpg or
 trio_asyncio.
 
-Two traps from ``dependencies.md`` §3(e) shape this module:
+Two traps of trio-asyncio with asyncpg, measured here, shape this module:
 
 * ``async with aio_as_trio(pool.acquire())`` leaks the connection when cancelled, because the
   release runs inside the cancelled scope. :meth:`Pool.acquire` releases under a shield, with a

@@ -1,6 +1,6 @@
 """Pools for the three database roles: tasks, coordination and queue.
 
-The reference keeps three stores (``reference-semantics.md`` §1): tasks (the enqueue transaction
+The Go worker keeps three stores: tasks (the enqueue transaction
 runs there, so River's tables live in that database), coordination (capacity, registry, recovery,
 admissions) and queue (the pool River's driver uses). Their URLs default to one; roles that share
 a URL share one pool, so connection accounting (the load sampler sums distinct pools) stays right.

@@ -2,7 +2,7 @@
 
 Every migrator takes one session advisory lock, reads what is applied, and applies the rest each
 in its own transaction, recording it in ``engine_migration``. River's own migrator takes no lock
-(``reference-semantics.md`` §3.1), which is why the reference retries start-up; ours does not
+(so concurrent pods can race), which is why the Go worker retries start-up; ours does not
 need to.
 
 A migration whose first line is ``-- engine: skip_when_river_schema`` is recorded as skipped when

@@ -47,7 +47,7 @@ class GenerationConfig:
     claim_timeout: float = 10.0
     job_timeout: float | None = None
     """Deadline of a job whose worker has no timeout of its own; None means none (River's
-    client ``JobTimeout``, reference-semantics §4.3)."""
+    client ``JobTimeout``)."""
     args_filter: tuple[str, tuple[str, ...]] | None = attrs.field(
         default=None, converter=normalize_args_filter
     )

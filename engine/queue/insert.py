@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: Attempts of a job inserted without its own ``max_attempts`` and without a client default
-#: (River's ``MaxAttempts`` default, reference-semantics §2).
+#: (River's ``MaxAttempts`` default).
 DEFAULT_MAX_ATTEMPTS = 25
 
 _INSERT_MANY = QUERIES["job_insert_many"]

@@ -144,7 +144,7 @@ class Producer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fetch until cancelled (the generation's fetch scope); ``started()`` once registered.
 
-        Runs ``fetchers`` claim loops, each holding one pooled connection (``dependencies.md``:
+        Runs ``fetchers`` claim loops, each holding one pooled connection (measured:
         a held connection answers in ~290 µs, a fresh acquire in ~720 µs). With two, slots that
         free up while one claim is in flight are claimed by the other loop at once instead of
         after the round trip; both only ever claim free slots. A lost connection is replaced.

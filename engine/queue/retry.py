@@ -1,4 +1,4 @@
-"""River's default retry backoff (reference-semantics §4.10) and the snooze threshold (§4.11).
+"""River's default retry backoff and the snooze threshold.
 
 Pure functions; the caller adds the result to its own ``now``.
 """

@@ -1,7 +1,7 @@
 """Job states of the queue and the state sets that unique inserts use.
 
 The names and the sets mirror River's ``rivertype.JobState`` and
-``internal/dbunique/db_unique.go`` (reference-semantics §4.1, §4.11), so a row written by the
+``internal/dbunique/db_unique.go``, so a row written by the
 Python engine means the same thing as one written by the Go worker.
 """
 

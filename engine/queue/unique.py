@@ -1,4 +1,4 @@
-"""Unique-insert keys, byte for byte the same as River's (reference-semantics §4.1).
+"""Unique-insert keys, byte for byte the same as River's.
 
 A unique job carries ``unique_key = sha256(<key string>)`` and ``unique_states`` (a ``bit(8)``
 mask). The partial unique index on ``unique_key`` plus ``river_job_state_in_bitmask`` makes a
