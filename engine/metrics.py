@@ -58,10 +58,10 @@ is the 0.0.4 type.
 """
 
 RESIZE_OUTCOMES: Final = ("refresh_failed", "create_failed", "start_failed", "success")
-"""Outcomes of ``ObserveAsyncWorkerResize`` (§5.4, §5.10)."""
+"""Outcomes of ``ObserveAsyncWorkerResize`` (the Go worker's resize metric)."""
 
 PRESSURE_STATES: Final = tuple(state.value for state in PressureState)
-"""Values of the ``state`` label of ``engine_worker_pressure_state`` (§7.2)."""
+"""Values of the ``state`` label of ``engine_worker_pressure_state``."""
 
 JOB_STATES: Final = (
     "available",
@@ -73,7 +73,7 @@ JOB_STATES: Final = (
     "running",
     "scheduled",
 )
-"""River's job states (§4.11): every queue reported by :meth:`Metrics.set_queue_depth` gets all
+"""River's job states: every queue reported by :meth:`Metrics.set_queue_depth` gets all
 of them, zero-filled, so a state that empties reads 0 instead of vanishing."""
 
 _WORKER_LOAD_KINDS: Final = (
@@ -145,7 +145,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
 
-        # --- the reference's metrics (§5.10) ---
+        # --- the Go worker's metrics ---
         self.async_worker_capacity = Gauge(
             "engine_async_worker_capacity",
             "Async worker capacity of this instance: current (allocated), desired (global "
@@ -253,12 +253,12 @@ class Metrics:
             self.async_worker_resize.labels(outcome=outcome)
         self._queue_series: set[tuple[str, str]] = set()
 
-    # --- §5.10 ---------------------------------------------------------------------------
+    # --- the Go worker's metrics -----------------------------------------------------------
 
     def set_async_worker_capacity(
         self, current: int, desired: int, hard_limit: int, capped: bool
     ) -> None:
-        """``SetAsyncWorkerCapacity(current=allocated, desired, hardLimit, capped)`` (§5.10)."""
+        """``SetAsyncWorkerCapacity(current=allocated, desired, hardLimit, capped)``."""
         self.async_worker_capacity.labels(kind="current").set(current)
         self.async_worker_capacity.labels(kind="desired").set(desired)
         self.async_worker_capacity.labels(kind="hard_limit").set(hard_limit)
@@ -267,13 +267,13 @@ class Metrics:
     def set_distributed_worker_capacity(
         self, active_instances: int, global_capacity: int, allocated: int
     ) -> None:
-        """``SetDistributedWorkerCapacity(activeInstances, globalCapacity, allocated)`` (§5.10)."""
+        """``SetDistributedWorkerCapacity(activeInstances, globalCapacity, allocated)``."""
         self.distributed_worker_instances.set(active_instances)
         self.distributed_worker_capacity.labels(kind="global").set(global_capacity)
         self.distributed_worker_capacity.labels(kind="allocated").set(allocated)
 
     def set_worker_load(self, snapshot: LoadSnapshot) -> None:
-        """``SetWorkerLoad`` (§5.10): the safe capacity is reported as ``active_limit``.
+        """The Go worker's ``SetWorkerLoad``: the safe capacity is reported as ``active_limit``.
 
         Usable as :class:`engine.load.sampler.LoadSamplerService`'s ``on_snapshot``.
         """
@@ -300,7 +300,7 @@ class Metrics:
             self.worker_pressure_state.labels(state=name).set(1 if name == current else 0)
 
     def observe_resize(self, outcome: str) -> None:
-        """``ObserveAsyncWorkerResize(outcome)`` (§5.10); an unchanged capacity emits nothing.
+        """``ObserveAsyncWorkerResize(outcome)``; an unchanged capacity emits nothing.
 
         Raises:
             ValueError: for an outcome outside :data:`RESIZE_OUTCOMES` (a typo must not create
@@ -376,12 +376,12 @@ class Metrics:
         self.recoveries.labels(kind=kind).inc(n)
 
     def count_recovery_round(self, counts: Mapping[str, int]) -> None:
-        """Count a whole recovery round, ``{kind: n}`` (e.g. the §6.4 counts)."""
+        """Count a whole recovery round, ``{kind: n}``."""
         for kind, n in counts.items():
             self.count_recoveries(kind, n)
 
     def set_admissions_waiting(self, n: int) -> None:
-        """Set the number of admissions in state ``waiting`` (§8)."""
+        """Set the number of admissions in state ``waiting``."""
         self.admissions_waiting.set(n)
 
     # --- exposition ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def write_toml(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_are_the_reference_constants() -> None:
     config = EngineConfig()
-    # reference-semantics §2, gateway constants
+    # the Go worker's (the gateway's) constants
     assert config.queue.name == "gateway_tasks"
     assert config.queue.job_kind == "gateway_task_run"
     assert config.recovery.interval == 15.0
@@ -59,7 +59,7 @@ def test_defaults_are_the_reference_constants() -> None:
     assert config.load.retry_base == 0.25
     assert config.load.retry_spread_ms == 501
     assert config.worker.lock_timeout_requeue_delay == 1.0
-    # reference-semantics §2, River defaults the gateway does not override
+    # River defaults the gateway does not override
     assert config.queue.fetch_poll_interval == 1.0
     assert config.queue.scheduler_interval == 5.0
     assert config.queue.cleaner_interval == 30.0
@@ -74,7 +74,7 @@ def test_defaults_are_the_reference_constants() -> None:
     assert config.queue.completer_backpressure_low == 5000
     assert config.queue.hot_operation_timeout == 10.0
     assert config.queue.default_max_attempts == 25
-    # Deliberate deviation: River's FetchCooldown is 100 ms; we use Oban's 5 ms (prior-art §2).
+    # Deliberate deviation: River's FetchCooldown is 100 ms; we use Oban's 5 ms.
     assert config.queue.fetch_cooldown == 0.005
 
 

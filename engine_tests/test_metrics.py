@@ -1,4 +1,4 @@
-"""Metrics (§5.10) and the metrics HTTP server."""
+"""Metrics and the metrics HTTP server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scope admissions and rate limits (§8).
+"""Scope admissions and rate limits.
 
 A model or group with a concurrency limit is a *scope* (``model:<name>``, ``group:<key>``).
 A running task holds one lease per limited scope it belongs to; when a scope is full, or other

@@ -1,4 +1,4 @@
-"""The admission check a task passes after claiming its lease, before any work (§6.11 step 2).
+"""The admission check a task passes after claiming its lease, before any work.
 
 The claim of a task of a limited model or group holds the lease but leaves the task ``queued``
 (a *pending* claim, see ``sql/queries/engine_task.sql``). :func:`admit` decides, and only when

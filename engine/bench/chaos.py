@@ -1,4 +1,4 @@
-"""``python -m engine bench chaos``: crash scenarios against real engine processes (issue 7 §4).
+"""``python -m engine bench chaos``: crash scenarios against real engine processes.
 
 Each scenario runs on fresh databases with three worker processes
 (:mod:`engine.bench.chaos_worker`: the full service, a simulated upstream of about 0.75 s per

@@ -24,7 +24,7 @@ mode). The controller's :meth:`~engine.load.controller.LoadController.snapshot` 
     the claim limit;
 ``snoozes_per_task``
     job snoozes (``metadata.snoozes`` of the jobs) per task: here every one is a start the load
-    controller refused because the heavy phases were full (§5.9). The producer claims up to
+    controller refused because the heavy phases were full. The producer claims up to
     the claim limit, so ~1,000 jobs are in hand while 4 heavy slots turn over: each job is
     read, refused and snoozed every 250-750 ms until it gets a slot, and that churn costs CPU
     on the same event loop as the burns;
@@ -42,7 +42,7 @@ The snapshot is read every 10 ms of the trio clock, but a burn blocks the event 
 counters only change on the event loop, so every sample is a consistent state.
 
 **(b) CPU hog** (adaptive mode): ``load.mode = adaptive``, ``load.sample_interval = 0.2``, a
-claim limit of 20 (so the +1-per-sample recovery of §7.2 takes seconds, not the 200 s it would
+claim limit of 20 (so the controller's +1-per-sample recovery takes seconds, not the 200 s it would
 take from 1 back to 1,000), the default thresholds (CPU elevated at 0.80, critical at 0.95 of
 the CPUs the process may use; 2 samples to escalate, 3 to recover; they are reported with the
 figures), tasks as in (a). Once the controller has been calm (``normal``, safe capacity = claim
@@ -130,10 +130,10 @@ _COMMON: Final[dict[str, str]] = {
     "database.migrate_on_start": "false",
     "database.pool_max_size": "20",
     "load.heavy_limit": str(HEAVY_LIMIT),
-    # A refused start snoozes its job 250-750 ms (§5.9); the job becomes due again without a
+    # A refused start snoozes its job 250-750 ms; the job becomes due again without a
     # notification, so the producer only finds it at its next poll. With the default 1 s poll
     # every refusal costs >= 1 s and part (a) runs at ~4 tasks/s (measured); 0.1 s keeps the
-    # retry close to the §5.9 delay.
+    # retry close to that delay.
     "queue.fetch_poll_interval": str(FETCH_POLL_INTERVAL),
 }
 

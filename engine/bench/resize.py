@@ -31,7 +31,7 @@ claim limit they apply. Figures:
     (another execution took over); an execution of the killed process ends at the kill at the
     latest. At every registry sample instant *t* and for every instance *i*, ``running_i(t)``
     is the number of its intervals containing *t* and ``allocated_i(t)`` the value sampled.
-    A resize never cancels work (§5.4): executions that started while the allocation was
+    A resize never cancels work: executions that started while the allocation was
     larger may finish after it shrank. So a sample counts as over-allocated when
     ``running_i(t) > max(allocated_i(t), carried_i(t))``, where ``carried_i(t)`` counts the
     running executions that started before the last decrease of ``allocated_i`` (first seen at

@@ -1,4 +1,4 @@
-"""Splitting the global capacity across the active worker instances (§6.2 step 4).
+"""Splitting the global capacity across the active worker instances.
 
 Pure: the store loads the active registry rows, calls :func:`allocate` inside its serialized
 registration transaction and persists the result.
@@ -24,14 +24,14 @@ _NORMAL_PRESSURE = "normal"
 
 @attrs.frozen(slots=True)
 class InstanceRow:
-    """One active worker-instance registry row, as far as allocation needs it (§6.2).
+    """One active worker-instance registry row, as far as allocation needs it.
 
     Attributes:
         instance_id: the registry key; ties in ``started_at`` are broken on it.
         started_at: when the instance registered first; older instances come first.
         capacity_limit: the per-instance hard limit; 0 (or less) means none.
-        safe_capacity: the load controller's safe capacity (§7.2), if reported.
-        pressure_state: ``"normal"``, ``"elevated"`` or ``"critical"`` (§7.2).
+        safe_capacity: the load controller's safe capacity, if reported.
+        pressure_state: ``"normal"``, ``"elevated"`` or ``"critical"``.
     """
 
     instance_id: str
@@ -45,7 +45,7 @@ def _cap(row: InstanceRow, use_pressure: bool) -> int | None:
     """The most ``row`` may receive, or ``None`` for no cap."""
     cap = row.capacity_limit if row.capacity_limit > 0 else None
     if use_pressure and row.pressure_state != _NORMAL_PRESSURE and row.safe_capacity is not None:
-        # An instance under pressure should not be handed more than it says it can run (§6.2).
+        # An instance under pressure should not be handed more than it says it can run.
         pressure_cap = max(0, row.safe_capacity)
         cap = pressure_cap if cap is None else min(cap, pressure_cap)
     return cap
@@ -56,7 +56,7 @@ def allocate(
     instances: Sequence[InstanceRow],
     use_pressure: bool = False,
 ) -> dict[str, int]:
-    """Split ``global_capacity`` over ``instances`` by water-filling (§6.2 step 4).
+    """Split ``global_capacity`` over ``instances`` by water-filling.
 
     Instances are ordered by ``(started_at, instance_id)`` so every instance computes the same
     split. Each gets ``G // n`` and the first ``G % n`` one more; each is then capped at its
@@ -64,7 +64,7 @@ def allocate(
     ``pressure_state`` is not ``"normal"``; the excess is dealt round-robin, in the same order,
     to the instances still under their cap, until nothing moves.
 
-    Design choice where §6.2 is open: the round-robin *continues* where the first deal stopped
+    Design choice: the round-robin *continues* where the first deal stopped
     instead of restarting at the first instance. Restarting would hand the excess to instances
     that already got the ``+1`` and break the even split (G=7 over caps [-, -, 1] would give
     4/2/1). Continuing is exactly "deal G units one at a time in order, skipping full

@@ -1,11 +1,11 @@
 """The capacity refresher: capacity follows the catalogue and is split across instances, and a
-resize swaps generations without cancelling work (§5.4, §6.1-§6.3, §10.5).
+resize swaps generations without cancelling work.
 
 Each tick (every ``worker.refresh_interval`` seconds, and at once when a model, group or instance
 changes: NOTIFY on ``engine_catalog``):
 
-1. compute the global capacity from the enabled models and groups (§6.1);
-2. register this instance (the heartbeat) and get its share of it (§6.2);
+1. compute the global capacity from the enabled models and groups;
+2. register this instance (the heartbeat) and get its share of it;
 3. set the claim limit — the bound on every generation of this process together — to the share;
 4. if the share changed: the room (:class:`~engine.capacity.room.GenerationRoom`, which the
    refresher runs and owns) starts a generation of that size, makes it current, and lets the old

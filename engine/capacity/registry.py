@@ -2,14 +2,14 @@
 
 The database side of capacity, registration and draining. Each refresh tick a worker
 
-1. reads the global capacity with :func:`load_capacity` (§6.1: one query over the model and
+1. reads the global capacity with :func:`load_capacity` (one query over the model and
    group limits, fed to :func:`~engine.capacity.snapshot.compute_capacity`), then
-2. calls :func:`register_instance` with that figure and its load (§5.4). Registration *is* the
+2. calls :func:`register_instance` with that figure and its load. Registration *is* the
    heartbeat: it upserts the instance's row, splits the global capacity over the live instances
    (:func:`~engine.capacity.allocation.allocate`), stores every share, and returns this
    instance's share, which becomes its River ``MaxWorkers`` and its load claim limit.
 
-At shutdown :func:`mark_draining` takes the instance out of the split (§5.5, §6.3); the others
+At shutdown :func:`mark_draining` takes the instance out of the split; the others
 absorb its share at their next registration.
 
 Invariants:
@@ -20,7 +20,7 @@ Invariants:
 - The stored ``allocated`` values are the last registration's split: they sum to
   ``min(G, Σ caps)`` over the active set, and rows outside it (stale or draining) hold 0.
 - Each instance applies only its own share, at its own tick, so while instances join or leave
-  the cluster may be over- or under-allocated for up to one refresh period (§6.2).
+  the cluster may be over- or under-allocated for up to one refresh period.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ REGISTRY_LOCK_KEY: Final = zlib.crc32(b"engine.capacity.registry")
 DEFAULT_STALE_ROW_RETENTION: Final = 24 * 3600.0
 """Seconds after its last heartbeat a registry row is deleted by :func:`delete_stale_instances`.
 
-A day: long past any heartbeat window (6 refresh periods, §2), long enough to inspect a crashed
-pod's last report. Proposed, not from the reference."""
+A day: long past any heartbeat window (the Go worker's: 6 refresh periods), long enough to
+inspect a crashed pod's last report. Proposed, not from the Go worker."""
 
 _NORMAL_PRESSURE: Final = "normal"
 _LEGACY_MODE: Final = "legacy"
@@ -78,7 +78,7 @@ _LIST = QUERIES["worker_instance_list"]
 _DELETE_STALE = QUERIES["worker_instance_delete_stale"]
 _UNSERVED = QUERIES["worker_instance_unserved_models"]
 
-# Environment variables the reference reads for the registration, trimmed (§5.4).
+# Environment variables the Go worker reads for the registration, trimmed.
 _ENV_POD_UID: Final = "POD_UID"
 _ENV_POD_NAME: Final = "POD_NAME"
 _ENV_SITE: Final = "EASYAI_SITE"
@@ -94,7 +94,7 @@ class _Fetcher(Protocol):
 
 
 async def load_capacity(conn: _Fetcher, hard_limit: int) -> CapacitySnapshot:
-    """Read the model and group limits in one query and compute the global capacity (§6.1).
+    """Read the model and group limits in one query and compute the global capacity.
 
     Args:
         conn: a pool or connection on the coordination database.
@@ -149,11 +149,11 @@ def _to_models(value: Iterable[str] | None) -> tuple[str, ...] | None:
 
 @attrs.frozen(kw_only=True)
 class Registration:
-    """What one instance reports at each registration (the reference's
-    ``WorkerRegistrationInput``, §5.4).
+    """What one instance reports at each registration (the Go worker's
+    ``WorkerRegistrationInput``).
 
     Attributes:
-        instance_id: the registry key, unique per process start (§2).
+        instance_id: the registry key, unique per process start.
         pod_uid: ``$POD_UID``, trimmed; ``""`` when unset.
         pod_name: ``$POD_NAME``, trimmed.
         site: ``$EASYAI_SITE``, trimmed.
@@ -162,8 +162,8 @@ class Registration:
             (:attr:`CapacitySnapshot.capacity`); the figure that gets split.
         capacity_limit: the per-instance hard limit; 0 means none.
         heartbeat_stale_after: seconds after which an instance that has not registered drops
-            out of the split (the reference: 6 × the refresh interval, §2).
-        load_mode: the load controller's mode (§7.2).
+            out of the split (the Go worker's: 6 × the refresh interval).
+        load_mode: the load controller's mode.
         safe_capacity: the controller's safe capacity (the "active limit"); ``None`` if unknown.
         heavy_capacity: the controller's heavy-phase limit; ``None`` if unknown.
         active_tasks: leases held.
@@ -211,12 +211,12 @@ class Registration:
         environ: Mapping[str, str] | None = None,
         models: Iterable[str] | None = None,
     ) -> Registration:
-        """Build the registration the way the reference does (§5.4).
+        """Build the registration the way the Go worker does.
 
         Pod identity comes from ``POD_UID``, ``POD_NAME``, ``EASYAI_SITE`` and
         ``AI_GATEWAY_REVISION``, trimmed. Without a load controller (``load=None``) the instance
         reports the reference's legacy figures: mode ``legacy``, safe and heavy capacity equal to
-        ``capacity_limit``, no tasks, pressure ``normal`` (§5.4 ``sampleWorkerLoad``).
+        ``capacity_limit``, no tasks, pressure ``normal`` (as its ``sampleWorkerLoad``).
 
         Args:
             instance_id: the registry key.
@@ -274,7 +274,7 @@ class Registration:
 
 @attrs.frozen
 class Allocation:
-    """The answer to one registration (the reference's allocation, §5.4 step 4, §6.2 step 5).
+    """The answer to one registration: this instance's share and the totals of the split.
 
     Attributes:
         allocated: this instance's share: its River ``MaxWorkers`` and load claim limit. 0 when
@@ -295,7 +295,7 @@ class Allocation:
 
 @attrs.frozen
 class InstanceInfo:
-    """One registry row, for status output and inspection (§3.2).
+    """One registry row, for status output and inspection.
 
     Attributes mirror the ``engine_worker_instance`` columns; ``heartbeat_age`` is seconds since
     the last heartbeat, measured by the database's clock; ``models`` is what the instance serves
@@ -334,7 +334,7 @@ async def register_instance(
     *,
     use_pressure: bool = False,
 ) -> Allocation:
-    """Register (or heartbeat) one instance and split the global capacity (§5.4, §6.2).
+    """Register (or heartbeat) one instance and split the global capacity.
 
     One transaction, serialized against every other registry writer by
     ``pg_advisory_xact_lock(REGISTRY_LOCK_KEY)``:
@@ -343,7 +343,7 @@ async def register_instance(
        draining;
     2. read the active set A (``status = 'active'`` and a heartbeat within
        ``heartbeat_stale_after``), ordered by ``(started_at, instance_id)``;
-    3. G = ``registration.desired_capacity``. §6.2 allows this or the max over A; we take the
+    3. G = ``registration.desired_capacity``. It could also be the max over A; we take the
        caller's figure because every instance computes it from the same model and group tables,
        so the figures agree in steady state, and a change of limits takes effect at the very
        next registration instead of waiting for every row to be rewritten;
@@ -354,7 +354,7 @@ async def register_instance(
         pool: the coordination pool.
         registration: what this instance reports.
         use_pressure: also cap an instance at its ``safe_capacity`` while its pressure state is
-            not ``normal`` (§6.2 step 4, optional there). Off by default: the load controller
+            not ``normal``. Off by default: the load controller
             already enforces the safe capacity locally, and capping the allocation too would
             keep it from growing back until pressure clears.
 
@@ -412,7 +412,7 @@ async def register_instance(
 
 
 async def mark_draining(pool: Pool, instance_id: str) -> bool:
-    """Take an instance out of the split at shutdown (§5.5, §6.3).
+    """Take an instance out of the split at shutdown.
 
     Sets ``status = 'draining'``, ``draining_at`` (the first time only) and ``allocated = 0``,
     under the registry lock so a registration in flight cannot write a share back over it. The
@@ -433,7 +433,7 @@ async def mark_draining(pool: Pool, instance_id: str) -> bool:
 
 
 async def list_instances(pool: _Fetcher) -> list[InstanceInfo]:
-    """Every registry row, oldest first, for status output (§3.2).
+    """Every registry row, oldest first, for status output.
 
     Raises:
         DatabaseError: the query failed.

@@ -1,4 +1,4 @@
-"""The global worker capacity, computed from model and group concurrency limits (§6.1).
+"""The global worker capacity, computed from model and group concurrency limits.
 
 The store reads the enabled models and groups with their ``concurrency_limit`` and this module
 turns them into one :class:`CapacitySnapshot`. Pure: no database access.
@@ -22,21 +22,21 @@ __all__ = [
 UNBOUNDED_FALLBACK = 10_000
 """Desired capacity when nothing bounds it: no limited model or group and no hard limit.
 
-§6.1 falls back to the hard limit when both bounds are infinite, but a hard limit of 0 means
-"no cap" and leaves no finite number. Raising would stop the worker over a legal (if unwise)
-configuration, and 0 would silently run nothing, so we use River's largest legal
-``QueueConfig.MaxWorkers`` (10 000, §2): the most one River client could ever run anyway.
+The Go worker falls back to the hard limit when both bounds are infinite, but a hard limit of 0
+means "no cap" and leaves no finite number. Raising would stop the worker over a legal (if
+unwise) configuration, and 0 would silently run nothing, so we use River's largest legal
+``QueueConfig.MaxWorkers`` (10 000): the most one River client could ever run anyway.
 """
 
 
 def _is_limited(concurrency_limit: int | None) -> bool:
-    """True for a real limit; NULL or <= 0 means unlimited (§6.1)."""
+    """True for a real limit; NULL or <= 0 means unlimited."""
     return concurrency_limit is not None and concurrency_limit > 0
 
 
 @attrs.frozen(slots=True)
 class ModelLimit:
-    """One model row: ``concurrency_limit`` NULL or <= 0 means unlimited (§6.1)."""
+    """One model row: ``concurrency_limit`` NULL or <= 0 means unlimited."""
 
     name: str
     enabled: bool
@@ -45,7 +45,7 @@ class ModelLimit:
 
 @attrs.frozen(slots=True)
 class GroupLimit:
-    """One group (user/tenant/channel group) row; NULL or <= 0 limit means unlimited (§6.1)."""
+    """One group (user/tenant/channel group) row; NULL or <= 0 limit means unlimited."""
 
     key: str
     enabled: bool
@@ -54,10 +54,10 @@ class GroupLimit:
 
 @attrs.frozen(slots=True)
 class CapacitySnapshot:
-    """The result of :func:`compute_capacity`; field names follow the Go snapshot (§6.1).
+    """The result of :func:`compute_capacity`; field names follow the Go snapshot.
 
     Attributes:
-        capacity: the global capacity after the hard limit; what registration splits (§6.2).
+        capacity: the global capacity after the hard limit; what registration splits.
         desired: the capacity the limits ask for, before the hard limit.
         hard_limit: the hard limit as given (<= 0 means none).
         enabled_models: number of enabled models.
@@ -86,13 +86,13 @@ def compute_capacity(
     groups: Iterable[GroupLimit],
     hard_limit: int,
 ) -> CapacitySnapshot:
-    """Compute the global capacity with §6.1's formula.
+    """Compute the global capacity from the model and group limits and the hard limit.
 
     - ``model_bound`` is infinite if any enabled model is unlimited, else the sum of model limits.
     - ``group_bound`` is infinite if any enabled group is unlimited *or there is no enabled
       group*, else the sum of group limits.
     - ``desired = min(model_bound, group_bound)``: a task needs both a model slot and a group
-      slot, so the smaller bound is the safe reading (§6.1). If both are infinite, ``desired``
+      slot, so the smaller bound is the safe reading. If both are infinite, ``desired``
       is the hard limit, or :data:`UNBOUNDED_FALLBACK` when there is none.
     - ``desired = 0`` when no model is enabled: nothing could run.
     - ``capped = hard_limit > 0 and desired > hard_limit``;

@@ -263,7 +263,7 @@ def _job_json(job: Job) -> dict[str, Any]:
 
 
 def _limit_json(limit: int | None) -> int | None:
-    """A concurrency limit as users read it: None (unlimited) for NULL or <= 0 (§6.1)."""
+    """A concurrency limit as users read it: None (unlimited) for NULL or <= 0."""
     return limit if limit is not None and limit > 0 else None
 
 

@@ -254,8 +254,8 @@ class Connection:
 
         Commit and rollback run shielded with a deadline: a cancellation arriving while we record
         what already happened must not leave the outcome unknown, and a dead server must not hang
-        shutdown. The rollback gets ``rollback_timeout`` seconds (the reference gives a failed
-        enqueue's rollback a fresh 5 s, §5.6); if it does not finish in time the connection is
+        shutdown. The rollback gets ``rollback_timeout`` seconds (the Go worker gives a failed
+        enqueue's rollback a fresh 5 s); if it does not finish in time the connection is
         terminated, which ends the transaction on the server too, so it never goes back to a
         pool with the transaction still open. Inside a transaction already open on this
         connection the block is a savepoint: its failure undoes only what it did.

@@ -77,7 +77,7 @@ async def open_database(
 ) -> AsyncIterator[Database]:
     """Open the role pools, retrying an unreachable server ``attempts`` times.
 
-    The reference retries start-up 3 times 2 s apart and then gives up loudly (§5.3); so do we
+    The Go worker retries start-up 3 times 2 s apart and then gives up loudly; so do we
     (``database.connect_attempts``), and the service retries its whole start on top of that
     (``worker.startup_attempts``, :func:`engine.service.root.serve`).
 

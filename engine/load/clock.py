@@ -1,4 +1,4 @@
-"""Clocks for the load controller (§7.2): a protocol so tests can drive time by hand."""
+"""Clocks for the load controller: a protocol so tests can drive time by hand."""
 
 from __future__ import annotations
 

@@ -1,19 +1,20 @@
-"""The workerload controller: per-process admission and phase limits under load (§7.1, §7.2).
+"""The workerload controller: per-process admission and phase limits under load.
 
 One :class:`LoadController` per worker process bounds *all* executions in the process, across
 River-client generations. A job asks :meth:`LoadController.try_start` for a :class:`LoadLease`
-before doing work; a refused job snoozes 250-750 ms (§5.9) without consuming an attempt. The
+before doing work; a refused job snoozes 250-750 ms without consuming an attempt. The
 lease then moves through the phases ``preparing`` (heavy: input download, request build),
 ``waiting_upstream`` (cheap: provider polling) and ``finalizing`` (heavy: result transfer).
 
 Three numbers bound the process:
 
-- the **claim limit**: this instance's allocated capacity (§6.2), set on every refresh;
-- the **safe capacity** (the "active limit" of the metrics, §5.10): the claim limit reduced
+- the **claim limit**: this instance's allocated capacity (its share of the global capacity),
+  set on every refresh;
+- the **safe capacity** (the "active limit" of the metrics): the claim limit reduced
   under resource pressure, computed from :class:`ResourceSample` readings;
 - the **heavy limit**: how many leases may be in heavy phases at once.
 
-Modes (§7.2): ``legacy`` computes no pressure (state ``normal``, safe capacity = claim limit);
+Modes: ``legacy`` computes no pressure (state ``normal``, safe capacity = claim limit);
 ``observe`` computes pressure and safe capacity for reporting but admits as ``legacy``;
 ``adaptive`` enforces the safe capacity.
 
@@ -50,20 +51,20 @@ __all__ = [
 ]
 
 LoadMode = Literal["legacy", "observe", "adaptive"]
-"""How much the controller enforces (§7.2)."""
+"""How much the controller enforces; see the module docstring."""
 
 _MODES: frozenset[str] = frozenset({"legacy", "observe", "adaptive"})
 
 REASON_DATABASE_CONNECTIONS = "database_connections"
-"""``pressure_reason`` when the database connection pool is the dominant resource (§7.2)."""
+"""``pressure_reason`` when the database connection pool is the dominant resource."""
 REASON_MEMORY = "memory"
-"""``pressure_reason`` when memory is the dominant resource (§7.2)."""
+"""``pressure_reason`` when memory is the dominant resource."""
 REASON_CPU = "cpu"
-"""``pressure_reason`` when CPU is the dominant resource (§7.2)."""
+"""``pressure_reason`` when CPU is the dominant resource."""
 
 
 class Phase(enum.StrEnum):
-    """The phase a lease is in (§7.2)."""
+    """The phase a lease is in; ``preparing`` and ``finalizing`` are heavy."""
 
     PREPARING = "preparing"
     WAITING_UPSTREAM = "waiting_upstream"
@@ -71,11 +72,11 @@ class Phase(enum.StrEnum):
 
 
 HEAVY_PHASES: frozenset[Phase] = frozenset({Phase.PREPARING, Phase.FINALIZING})
-"""Phases that count toward the heavy limit; ``waiting_upstream`` is cheap polling (§7.2)."""
+"""Phases that count toward the heavy limit; ``waiting_upstream`` is cheap polling."""
 
 
 class PressureState(enum.StrEnum):
-    """The process's resource pressure level (§7.2)."""
+    """The process's resource pressure level."""
 
     NORMAL = "normal"
     ELEVATED = "elevated"
@@ -99,7 +100,7 @@ def _finite_fraction(
 
 @attrs.frozen(slots=True)
 class ResourceSample:
-    """One reading of the process's resources (§7.1).
+    """One reading of the process's resources.
 
     Attributes:
         cpu_fraction: CPU use as a fraction of the quota (may exceed 1); ``None`` if unknown.
@@ -125,7 +126,7 @@ class ResourceSample:
 
 @attrs.frozen(slots=True)
 class LoadThresholds:
-    """Where pressure starts, and how many samples it takes to change level (§7.2).
+    """Where pressure starts, and how many samples it takes to change level.
 
     A resource is ``elevated`` at or above its elevated fraction and ``critical`` at or above
     its critical fraction. ``escalate_samples`` consecutive samples above the current level
@@ -186,7 +187,7 @@ class LoadThresholds:
 
 @attrs.frozen(slots=True)
 class LoadSnapshot:
-    """The controller's state at one moment (§7.1 ``Snapshot``); reported in registration.
+    """The controller's state at one moment; reported in registration.
 
     Attributes:
         mode: the controller's mode.
@@ -230,7 +231,7 @@ class _HeavyWaiter:
 
 
 class LoadLease:
-    """One admitted execution (§7.1 ``Lease``); created only by :meth:`LoadController.try_start`.
+    """One admitted execution; created only by :meth:`LoadController.try_start`.
 
     Owned by one task at a time: :meth:`enter` must not run concurrently on the same lease.
     :meth:`release` may be called from anywhere, any number of times; ``with lease:`` releases
@@ -264,7 +265,7 @@ class LoadLease:
             raise RuntimeError("another enter() is already waiting on this lease")
 
     async def enter(self, phase: Phase | str) -> None:
-        """Move the lease to ``phase``, waiting for a heavy slot if needed (§7.2).
+        """Move the lease to ``phase``, waiting for a heavy slot if needed.
 
         Entering a heavy phase (``preparing``, ``finalizing``) from ``waiting_upstream`` while
         the heavy limit is reached waits, first come first served, until a slot frees. Moving
@@ -355,9 +356,9 @@ class LoadLease:
 
 
 class LoadController:
-    """The workerload controller (§7.2); see the module docstring for the model.
+    """The workerload controller; see the module docstring for the model.
 
-    Design decisions where §7.2 is open:
+    Design decisions where the Go worker's controller leaves a choice:
 
     - **Escalation target**: after ``escalate_samples`` consecutive samples above the current
       level the state rises to the *lowest* level in that run (the level sustained by all of
@@ -367,7 +368,7 @@ class LoadController:
       claim limit: ``normal`` -> claim limit; ``elevated`` -> ``max(1, floor(active * 0.9))``;
       ``critical`` -> ``max(1, min(active - 1, floor(active * 0.9)))``. The ``min`` keeps
       critical at least as strict as elevated when more than 10 leases are active (for 10 or
-      fewer it equals §7.2's ``active - 1``). Because the targets follow ``active``, a
+      fewer it equals the Go worker's ``active - 1``). Because the targets follow ``active``, a
       sustained pressure keeps shrinking the capacity sample by sample, down to 1.
     - **Hysteresis**: a lower target applies at once; a higher one is approached by at most
       +1 per sample, in every state (including the climb back after returning to normal).
@@ -442,7 +443,7 @@ class LoadController:
         return self._heavy_config if self._heavy_config > 0 else self._claim_limit
 
     def snapshot(self) -> LoadSnapshot:
-        """Return the current state (§7.1 ``Snapshot``)."""
+        """Return the current state."""
         return LoadSnapshot(
             mode=self._mode,
             claim_limit=self._claim_limit,
@@ -464,7 +465,7 @@ class LoadController:
     # --- pressure --------------------------------------------------------------------------
 
     def observe(self, sample: ResourceSample) -> LoadSnapshot:
-        """Feed one resource sample; update pressure and safe capacity (§7.2).
+        """Feed one resource sample; update pressure and safe capacity.
 
         In ``legacy`` mode only ``sampled_at`` is recorded.
 
@@ -491,7 +492,7 @@ class LoadController:
         return self.snapshot()
 
     def _update_state(self, level: PressureState, reason: str) -> None:
-        """Apply the escalate/recover sample counts (§7.2 hysteresis)."""
+        """Apply the escalate/recover sample counts (the hysteresis)."""
         current = _RANK[self._state]
         rank = _RANK[level]
         if rank == current:
@@ -520,7 +521,7 @@ class LoadController:
         self._streak.clear()
 
     def _target_safe_capacity(self) -> int:
-        """The safe capacity the current state asks for (§7.2), capped at the claim limit."""
+        """The safe capacity the current state asks for, capped at the claim limit."""
         active = self._active
         if self._state is PressureState.NORMAL:
             target = self._claim_limit
@@ -541,7 +542,7 @@ class LoadController:
     # --- limits ----------------------------------------------------------------------------
 
     def set_claim_limit(self, claim_limit: int) -> LoadSnapshot:
-        """Set this instance's allocated capacity (on every refresh, §7.2).
+        """Set this instance's allocated capacity (on every refresh).
 
         See the class docstring for how the safe capacity follows. Holders are never
         interrupted.
@@ -565,7 +566,7 @@ class LoadController:
     # --- admission -------------------------------------------------------------------------
 
     def try_start(self) -> LoadLease | None:
-        """Admit one execution, or return ``None`` (§7.2 ``TryStart``).
+        """Admit one execution, or return ``None`` (the Go worker's ``TryStart``).
 
         Admits iff ``active < safe_capacity`` (adaptive) or ``active < claim_limit`` (legacy,
         observe), a heavy slot is free for the initial ``preparing`` phase, and no lease is

@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = ["DEFAULT_RETRY_BASE", "DEFAULT_RETRY_SPREAD_MS", "worker_load_retry_delay"]
 
 DEFAULT_RETRY_BASE = 0.25
-"""The reference's least snooze, in seconds (§5.9)."""
+"""The Go worker's least snooze, in seconds."""
 DEFAULT_RETRY_SPREAD_MS = 501
 """The reference's modulus, in milliseconds: ``h mod 501`` gives 0..500 ms on top of the base."""
 _UINT32 = 2**32
@@ -24,7 +24,7 @@ def worker_load_retry_delay(
     base: float = DEFAULT_RETRY_BASE,
     spread_ms: int = DEFAULT_RETRY_SPREAD_MS,
 ) -> float:
-    """Return the snooze delay in seconds for a job refused by the load controller (§5.9).
+    """Return the snooze delay in seconds for a job refused by the load controller.
 
     ``h = 0`` (uint32); for each UTF-8 *byte* ``b`` of ``task_id``: ``h = h * 33 + b`` modulo
     ``2**32`` (Go's uint32 wrap-around); the delay is ``base + (h % spread_ms) / 1000`` seconds,

@@ -1,4 +1,4 @@
-"""Resource sampling for the workerload controller (§5.4 ``sampleWorkerLoad``, §7.1).
+"""Resource sampling for the workerload controller (the Go worker's ``sampleWorkerLoad``).
 
 :class:`ProcessSampler` reads CPU and memory use of this process (and of its cgroup) from
 ``/proc`` and the cgroup filesystem, with no third-party dependency; the database figures are
@@ -47,7 +47,7 @@ _V1_UNLIMITED = 1 << 62
 
 
 class Sampler(Protocol):
-    """Something that reads the process's resources (§7.1 ``Sampler``)."""
+    """Something that reads the process's resources."""
 
     def sample(self, db_connections: int, db_max: int) -> ResourceSample:
         """Return one reading; the database figures come from the caller's pools.
@@ -58,7 +58,7 @@ class Sampler(Protocol):
 
 
 def db_usage(db: Database) -> tuple[int, int]:
-    """Return ``(connections in use, maximum connections)`` summed over the distinct pools (§5.4).
+    """Return ``(connections in use, maximum connections)`` summed over the distinct pools.
 
     Roles that share a URL share one pool; :meth:`Database.distinct_pools` lists it once, so a
     shared pool is not counted two or three times.
@@ -209,7 +209,7 @@ class CgroupPaths:
 
 
 class ProcessSampler:
-    """Reads CPU and memory use from ``/proc`` and the cgroup filesystem (§7.1).
+    """Reads CPU and memory use from ``/proc`` and the cgroup filesystem.
 
     **CPU** is the use since the previous sample (or since construction, for the first one),
     as a fraction of the CPUs this process may use: the cgroup quota (v2 ``cpu.max``, the
@@ -418,12 +418,12 @@ def _page_size() -> int | None:
 
 
 class LoadSamplerService:
-    """Samples resources every ``interval`` seconds and feeds the load controller (§5.4).
+    """Samples resources every ``interval`` seconds and feeds the load controller.
 
     :meth:`sample_now` is the reference's ``sampleWorkerLoad``: database figures from
     ``connections`` (usually ``lambda: db_usage(database)``), one :meth:`Sampler.sample`,
     :meth:`LoadController.observe`. :meth:`run` calls it on a steady period and keeps
-    :attr:`latest` for readers such as registration (§5.4) and the metrics (§5.10).
+    :attr:`latest` for readers such as registration and the metrics.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
-"""The provider seam: how a task talks to its upstream API (§6.11).
+"""The provider seam: how a task talks to its upstream API.
 
-A provider runs a task in four steps, each its own phase for load accounting (§7.2)::
+A provider runs a task in four steps, each its own phase for load accounting::
 
     prepare  (preparing: heavy)     build the upstream request, download inputs
     submit   (waiting_upstream)     send it; return the upstream reference

@@ -3,7 +3,7 @@
 Jobs live in River's tables (``river_job`` and friends, ``docs/queue.md``). Inserts are one
 statement for any number of jobs, unique inserts keep River's keys and partial index, producers
 claim many jobs per statement, and a batch completer records many outcomes per statement.
-States (§4.11)::
+Job states (see docs/queue.md)::
 
     insert ─► available ─(claim: attempt+1)─► running ─┬─ return ───► completed
        │          ▲                                     ├─ JobSnooze(d) ─► available/scheduled

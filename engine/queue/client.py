@@ -70,7 +70,7 @@ _NOTIFY = "SELECT pg_notify($1, $2)"
 
 def make_instance_id() -> str:
     """``host:pid:nanos`` as the reference; a long host is shortened with a hash so client ids
-    stay within River's 100 characters (§2 hazard)."""
+    stay within River's 100 characters (River rejects a longer one)."""
     host = socket.gethostname() or "localhost"
     if len(host) > 32:
         host = f"{host[:23]}-{zlib.crc32(host.encode()):08x}"

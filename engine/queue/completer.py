@@ -1,4 +1,4 @@
-"""Batched completion: many outcomes, one UPDATE (§4.4).
+"""Batched completion: many outcomes, one UPDATE.
 
 Executors hand over completions with ``send_nowait`` on an unbounded channel (never blocks,
 never cancelled). The completer gathers them for at most ``tick`` seconds or ``flush_size``
@@ -42,7 +42,7 @@ _SET_COMPLETED = QUERIES["job_set_completed_if_running_many"]
 
 @attrs.frozen
 class CompleterConfig:
-    """Batching knobs; defaults follow River's completer (§2)."""
+    """Batching knobs; defaults follow River's completer."""
 
     tick: float = 0.05
     flush_size: int = 100

@@ -1,4 +1,4 @@
-"""Leader election: one leader per database runs maintenance (§4.8).
+"""Leader election: one leader per database runs maintenance.
 
 Elect with one statement (take the row if absent or expired); the leader extends its term every
 ``interval`` and steps down when the extension fails or its local trust window (TTL − 1 s since

@@ -1,4 +1,4 @@
-"""Run one claimed job and turn its outcome into a completion (§4.3, §4.11).
+"""Run one claimed job and turn its outcome into a completion.
 
 | handler outcome                     | completion                                                |
 |-------------------------------------|-----------------------------------------------------------|
@@ -83,7 +83,7 @@ def _failed(job: Job, message: str, trace: str = "") -> Completion:
 
 
 def snoozed(job: Job, seconds: float) -> Completion:
-    """The completion for a snooze: no attempt used (§10.2)."""
+    """The completion for a snooze: no attempt used."""
     state = JobState.AVAILABLE if becomes_available_immediately(seconds) else JobState.SCHEDULED
     return Completion(job.id, job.queue, state, delay=seconds, snooze=True)
 
@@ -113,8 +113,8 @@ async def execute(
     any other ``BaseException``) is not recorded here: it propagates, and the caller, which
     owns the cancel scope, knows whether it was this job's cancel (:func:`cancelled`) or a
     hard stop (:func:`interrupted`). The handler's deadline is its worker's ``timeout``, else
-    ``default_timeout`` (River: the worker's ``Timeout()``, else the client's ``JobTimeout``,
-    §4.3); None means no deadline.
+    ``default_timeout`` (River: the worker's ``Timeout()``, else the client's ``JobTimeout``);
+    None means no deadline.
     """
     worker = workers.get(job.kind)
     if worker is None:

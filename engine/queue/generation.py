@@ -1,6 +1,6 @@
 """A generation: one execution client, its producers and its running jobs, as one scope.
 
-River's ``fetchCtx``/``workCtx`` pair becomes two nested trio scopes (§4.9, §10.1)::
+River's ``fetchCtx``/``workCtx`` pair becomes two nested trio scopes::
 
     work nursery (runner tasks, one job each at a time)   <- stop_and_cancel() cancels this
     └── fetch nursery (one producer per queue)   <- stop() cancels this

@@ -1,4 +1,4 @@
-"""Inserting jobs: one statement for one job or twenty thousand, unique or not (§4.1).
+"""Inserting jobs: one statement for one job or twenty thousand, unique or not.
 
 Every insert goes through ``job_insert_many`` (an ``unnest`` INSERT ... ON CONFLICT on the
 partial unique index), so bulk inserts keep River's uniqueness and a duplicate returns the live
@@ -99,7 +99,7 @@ def prepare(
     if opts.pending:
         state = JobState.PENDING
     elif opts.scheduled_at is not None:
-        # River: any ScheduledAt makes the job scheduled, even a past one (§4.1.2).
+        # River: any ScheduledAt makes the job scheduled, even a past one.
         state = JobState.SCHEDULED
     key: bytes | None = None
     states: str | None = None

@@ -99,7 +99,7 @@ class InsertOpts:
     queue: str = attrs.field(default="default", validator=_validate_queue)
     priority: int = attrs.field(default=1, validator=_validate_priority)
     scheduled_at: datetime | None = None
-    """Run at this time. Any value makes the job ``scheduled``, even a past one (§4.1.2)."""
+    """Run at this time. Any value makes the job ``scheduled``, even a past one."""
     max_attempts: int | None = attrs.field(default=None, validator=_validate_max_attempts)
     """Attempts before the job is discarded; None takes the inserting client's default
     (``queue.default_max_attempts``, River's 25)."""

@@ -1,4 +1,4 @@
-"""Leader-only maintenance: the scheduler and the cleaner (§4.5, §4.7).
+"""Leader-only maintenance: the scheduler and the cleaner.
 
 Each service is a loop around ``run_once`` (which tests call directly); a failed pass is logged
 and the loop goes on; each pass works in batches until a batch comes back short.

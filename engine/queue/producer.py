@@ -1,4 +1,4 @@
-"""The producer: claims jobs of one queue for one generation and starts them (§4.2).
+"""The producer: claims jobs of one queue for one generation and starts them.
 
 It never claims more than its free slots (``max_workers`` minus running, and the process-wide
 :class:`~engine.queue.slots.SlotPool`), all in one statement (``FOR UPDATE SKIP LOCKED``).

@@ -15,13 +15,13 @@ __all__ = [
 ]
 
 MAX_BACKOFF_SECONDS: float = (2**63 - 1) / 1_000_000_000
-"""The largest Go ``time.Duration`` in seconds (about 292 years); River caps backoff here (§4.10).
+"""The largest Go ``time.Duration`` in seconds (about 292 years); River caps backoff here.
 
 Go computes ``maxDuration.Seconds()`` as ``9223372036 + 0.854775807``; the float is the same.
 """
 
 SNOOZE_AVAILABLE_THRESHOLD: float = 5.0
-"""Seconds. A snooze or retry due within this long goes straight back to ``available`` (§4.11).
+"""Seconds. A snooze or retry due within this long goes straight back to ``available``.
 
 River's executor compares the delay with the scheduler's interval (``JobSchedulerIntervalDefault``
 = 5 s) using ``<=``: a job parked as ``scheduled``/``retryable`` would only be promoted by the
@@ -32,7 +32,7 @@ next scheduler run, up to 5 s late, so short delays skip the scheduler and are m
 
 
 def becomes_available_immediately(delay_seconds: float) -> bool:
-    """True if a job snoozed/retried with this delay should be set ``available`` now (§4.11).
+    """True if a job snoozed/retried with this delay should be set ``available`` now.
 
     Uses ``<=`` exactly as River does, so a 5.0 s snooze is ``available``, not ``scheduled``.
     """
@@ -40,7 +40,7 @@ def becomes_available_immediately(delay_seconds: float) -> bool:
 
 
 def retry_backoff(error_count: int, rng: random.Random | None = None) -> float:
-    """Seconds until the next attempt after a failure, River's ``DefaultRetryPolicy`` (§4.10).
+    """Seconds until the next attempt after a failure, River's ``DefaultRetryPolicy``.
 
     ``(error_count + 1) ** 4`` seconds with +/-10 % uniform jitter, capped at
     :data:`MAX_BACKOFF_SECONDS`. So about 1 s, 16 s, 81 s, 256 s, 625 s, ...

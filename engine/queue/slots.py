@@ -1,4 +1,4 @@
-"""A process-wide bound on running jobs, shared by every generation (§5.4, §10.5).
+"""A process-wide bound on running jobs, shared by every generation.
 
 While an old generation drains and a new one runs, each has its own ``max_workers``; this
 bound (the instance's allocated capacity, the "claim limit") keeps their sum in check. Like

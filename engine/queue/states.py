@@ -18,7 +18,7 @@ __all__ = [
 
 
 class JobState(enum.StrEnum):
-    """The state of one job row (River's ``river_job_state`` enum, §4.11)."""
+    """The state of one job row (River's ``river_job_state`` enum)."""
 
     AVAILABLE = "available"
     CANCELLED = "cancelled"
@@ -40,7 +40,7 @@ LIVE_UNIQUE_STATES_DEFAULT: frozenset[JobState] = frozenset(
         JobState.SCHEDULED,
     }
 )
-"""River's default ``ByState`` (``defaultUniqueStates``), used when an insert sets none (§4.1.3)."""
+"""River's default ``ByState`` (``defaultUniqueStates``), used when an insert sets none."""
 
 GATEWAY_UNIQUE_STATES: frozenset[JobState] = frozenset(
     {
@@ -51,7 +51,7 @@ GATEWAY_UNIQUE_STATES: frozenset[JobState] = frozenset(
         JobState.SCHEDULED,
     }
 )
-"""The gateway's ``ByState`` (§2, §4.1.4).
+"""The gateway's ``ByState``.
 
 It leaves out ``completed`` on purpose: a task whose previous job completed (and is not cleaned
 yet) must be able to get a new job, which re-enqueueing relies on.
@@ -60,4 +60,4 @@ yet) must be able to get a new job, which re-enqueueing relies on.
 FINALIZED_STATES: frozenset[JobState] = frozenset(
     {JobState.CANCELLED, JobState.COMPLETED, JobState.DISCARDED}
 )
-"""States a job never leaves by itself; only the cleaner deletes such rows (§4.7, §4.11)."""
+"""States a job never leaves by itself; only the cleaner deletes such rows."""

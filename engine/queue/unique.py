@@ -7,7 +7,7 @@ Jobs inserted by the Go worker and by this engine must therefore produce the *sa
 same logical job, so this module mirrors ``internal/dbunique/db_unique.go`` and
 ``rivershared/structtag`` (River commit ``fdf6cdf1``) exactly, including Go's JSON encoding.
 
-The key string is built in this order (§4.1.3)::
+The key string is built in this order::
 
     &kind=<kind>            unless exclude_kind
     &args=<json>            if by_args
@@ -58,7 +58,7 @@ _REQUIRED_UNIQUE_STATES: tuple[JobState, ...] = (
 
 # River's jobStateBitPositions (db_unique.go): the position of each state in the bit(8) string,
 # counted from the LEFT, as PostgreSQL's get_bit() counts. `available` is therefore the
-# right-most bit and `scheduled` the left-most (§4.1.3).
+# right-most bit and `scheduled` the left-most.
 _BIT_POSITION: Mapping[JobState, int] = {
     JobState.AVAILABLE: 7,
     JobState.CANCELLED: 6,
@@ -95,7 +95,7 @@ def _coerce_state(state: JobState | str) -> JobState:
 
 
 def validate_unique_states(states: Iterable[JobState | str] | None) -> None:
-    """Check a custom ``ByState`` set as River's ``UniqueOpts.validate`` does (§4.1.4).
+    """Check a custom ``ByState`` set as River's ``UniqueOpts.validate`` does.
 
     ``None`` or an empty set means "use River's default" and is always valid. Otherwise every
     state must be a known one, and the set must contain ``available``, ``pending``, ``running``
@@ -172,7 +172,7 @@ def _convert_by_state(
 
 @attrs.frozen(slots=True)
 class UniqueOpts:
-    """What makes an insert unique; River's ``UniqueOpts`` (§4.1.3).
+    """What makes an insert unique; River's ``UniqueOpts``.
 
     Attributes:
         by_args: ``True`` hashes all top-level arg keys (River's behaviour for an args struct with
@@ -230,7 +230,7 @@ GATEWAY_UNIQUE_OPTS = UniqueOpts(
     by_queue=True,
     by_state=GATEWAY_UNIQUE_STATES,
 )
-"""The gateway's insert options (§2): ``task_id`` is the one ``river:"unique"``-tagged field."""
+"""The gateway's insert options: ``task_id`` is the one ``river:"unique"``-tagged field."""
 
 
 # --- Go encoding/json compatibility ----------------------------------------------------------
@@ -334,7 +334,7 @@ def _lookup(args: Mapping[str, Any], path: str) -> Any:
 
 
 def _args_json(args: Mapping[str, Any], by_args: bool | tuple[str, ...]) -> str:
-    """The ``&args=`` payload: the selected arg values, keys sorted, Go-encoded (§4.1.3)."""
+    """The ``&args=`` payload: the selected arg values, keys sorted, Go-encoded."""
     if isinstance(by_args, tuple) and by_args:
         # Tagged subset (River: structtag.SortedFieldsWithTag + sjson.SetRawBytes). sort.Strings
         # orders by bytes; Python orders str by code point, which is the same order for UTF-8.

@@ -1,4 +1,4 @@
-"""Self-healing: bring back work whose executor is gone (§5.7, §5.8, §6.4-§6.7).
+"""Self-healing: bring back work whose executor is gone.
 
 A round, run at start and every ``recovery.interval`` seconds on every instance:
 

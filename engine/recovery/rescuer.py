@@ -68,7 +68,7 @@ class Rescuer:
         self.rounds = 0
 
     async def run_once(self) -> RecoveryReport:
-        """One round (§5.8); raises on a database error (the loop logs it and goes on)."""
+        """One round; raises on a database error (the loop logs it and goes on)."""
         cfg = self.config
         requeued = manual = orphans = leases = admissions = yielded = 0
         if not self.client_mode:
@@ -122,7 +122,7 @@ class Rescuer:
         return report
 
     async def reenqueue(self) -> int:
-        """Give every queued task without a live job a job (§5.7); returns how many."""
+        """Give every queued task without a live job a job; returns how many."""
         cfg = self.config
         rollback_timeout = cfg.worker.enqueue_rollback_timeout
         async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:

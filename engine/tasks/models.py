@@ -41,7 +41,7 @@ FINAL_STATUSES = frozenset(
 
 
 class TaskPhase(enum.StrEnum):
-    """The phase of a running task (§7.2): heavy, cheap, heavy."""
+    """The phase of a running task, for load accounting: heavy, cheap, heavy."""
 
     PREPARING = "preparing"
     WAITING_UPSTREAM = "waiting_upstream"
@@ -71,7 +71,7 @@ _IDENTITY_FIELDS = (
 
 @attrs.frozen
 class Identity:
-    """Who submitted a task: the fields the reference copies into its user (§5.9)."""
+    """Who submitted a task: the fields the Go worker copies into its user."""
 
     tenant_id: str
     user_id: str | None = None
@@ -85,7 +85,7 @@ class Identity:
     api_key_prefix: str | None = None
 
     def auth_user(self) -> dict[str, Any]:
-        """The user a provider acts as (§5.9 authUserFromTask)."""
+        """The user a provider acts as (the Go worker's ``authUserFromTask``)."""
         user_id = (self.user_id or "").strip()
         return {
             "id": self.gateway_user_id or self.user_id,

@@ -1,4 +1,4 @@
-"""Running a task: the reference worker's decision table (§5.2) and a fenced execution (§6.11).
+"""Running a task: the Go worker's decision table and a fenced execution (docs/tasks.md).
 
 The job handler, row by row (each row is a test in ``engine_tests/tasks/test_runner.py``):
 
@@ -7,7 +7,7 @@ The job handler, row by row (each row is a test in ``engine_tests/tasks/test_run
 | 1  | reading the task fails                      | error → retried with backoff                 |
 | -  | the task does not exist                     | completed, with a warning                    |
 | 2  | the task is final                           | completed (no-op run)                        |
-| 3  | the worker load refuses a start             | snooze 250–750 ms (§5.9), no attempt used    |
+| 3  | the worker load refuses a start             | snooze 250–750 ms, no attempt used           |
 | 4  | run with a fresh token (the lease claim)    |                                              |
 | -  | no provider here for the live task's model  | task handed back (queued, attempt given      |
 |    |                                             | back, event task.handed_back); snooze        |
@@ -85,7 +85,7 @@ _T = TypeVar("_T")
 
 
 class TaskQueued(Exception):
-    """The task must run later; the job snoozes for ``delay`` seconds (§5.2 #8)."""
+    """The task must run later; the job snoozes for ``delay`` seconds (row 8)."""
 
     def __init__(self, delay: float) -> None:
         super().__init__(f"task queued for {delay:.3f} s")
@@ -285,7 +285,7 @@ class TaskRunner:
     # ---- the decision table -----------------------------------------------------------------
 
     async def work(self, job: Job, args: TaskRunArgs) -> None:
-        """Handle one task job (§5.2).
+        """Handle one task job, following the decision table in the module docstring.
 
         The lease claim is the first statement and also the read: only when it finds the task
         not runnable does a second read say why (missing, final, not due, leased elsewhere).
@@ -437,7 +437,7 @@ class TaskRunner:
         task = run.task = claimed
         if task.submitted_at is not None and task.upstream_ref is None:
             # A previous execution started the upstream call and never recorded its answer:
-            # submitting again could run it twice upstream (§6.11). Any instance can say so,
+            # submitting again could run it twice upstream. Any instance can say so,
             # with or without a provider, and the claim made it running whatever its limits.
             self._started(run, task)
             await self._finish(

@@ -2,7 +2,7 @@
 
 Validation happens before anything is written, and one bad request rejects the whole call with
 an :class:`~engine.errors.InvalidTask` naming every problem, so nothing is half-stored. The task
-rows and their jobs are written in one transaction (§5.6), or in the caller's.
+rows and their jobs are written in one transaction, or in the caller's.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ _GATEWAY_UNIQUE = UniqueOpts(by_args=("task_id",), by_queue=True, by_state=GATEW
 
 
 def task_insert_opts(config: QueueConfig, run_at: datetime | None = None) -> InsertOpts:
-    """The job options of a task (§5.1): unique by task id over the live states; scheduled
-    only when it is due later (§5.1 asyncTaskRecoveryInsertOpts)."""
+    """The job options of a task: unique by task id over the live states; scheduled only
+    when it is due later (as the Go worker's ``asyncTaskRecoveryInsertOpts``)."""
     scheduled = run_at if run_at is not None and run_at > datetime.now(UTC) else None
     return InsertOpts(
         queue=config.name,

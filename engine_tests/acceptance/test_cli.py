@@ -542,28 +542,40 @@ class _Exited(Exception):
     pass
 
 
-async def test_second_signal_during_shutdown_exits_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    exits: list[int] = []
-    shutting_down = trio.Event()
-    exited = trio.Event()
+class _Exits:
+    """``os._exit`` replaced: records the status, sets ``exited`` and raises :class:`_Exited`."""
 
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        exited.set()
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.exited = trio.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.exited.set()
         raise _Exited
 
-    monkeypatch.setattr(os, "_exit", fake_exit)
+    async def wait_in_shutdown(self, shutting_down: trio.Event) -> None:
+        """A graceful shutdown that would take long: only a later signal's exit ends it."""
+        shutting_down.set()
+        with trio.CancelScope(shield=True):
+            await self.exited.wait()
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> _Exits:
+    fake = _Exits()
+    monkeypatch.setattr(os, "_exit", fake)
+    return fake
+
+
+async def test_second_signal_during_shutdown_exits_at_once(exits: _Exits) -> None:
+    shutting_down = trio.Event()
 
     async def body(_shutdown: cli._Shutdown) -> None:
         try:
             await trio.sleep_forever()
         finally:
-            shutting_down.set()
-            # A graceful shutdown that would take long: only the second signal ends it.
-            with trio.CancelScope(shield=True):
-                await exited.wait()
+            await exits.wait_in_shutdown(shutting_down)
 
     async def send_signals() -> None:
         os.kill(os.getpid(), signal.SIGINT)
@@ -575,22 +587,13 @@ async def test_second_signal_during_shutdown_exits_at_once(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(send_signals)
                 await cli._until_signal(body)
-    assert exits == [cli.EXIT_INTERRUPTED]
+    assert exits.codes == [cli.EXIT_INTERRUPTED]
 
 
 async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
-    monkeypatch: pytest.MonkeyPatch,
+    exits: _Exits,
 ) -> None:
-    exits: list[int] = []
     hurried = trio.Event()
-    exited = trio.Event()
-
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        exited.set()
-        raise _Exited
-
-    monkeypatch.setattr(os, "_exit", fake_exit)
     shutting_down = trio.Event()
 
     async def body(shutdown: cli._Shutdown) -> None:
@@ -598,9 +601,7 @@ async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
         try:
             await trio.sleep_forever()
         finally:
-            shutting_down.set()
-            with trio.CancelScope(shield=True):
-                await exited.wait()
+            await exits.wait_in_shutdown(shutting_down)
 
     async def send_signals() -> None:
         os.kill(os.getpid(), signal.SIGINT)
@@ -614,7 +615,7 @@ async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(send_signals)
                 await cli._until_signal(body)
-    assert hurried.is_set() and exits == [cli.EXIT_INTERRUPTED]
+    assert hurried.is_set() and exits.codes == [cli.EXIT_INTERRUPTED]
 
 
 async def test_first_signal_cancels_the_body_and_is_reported() -> None:

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +28,7 @@ from engine_tests.acceptance.test_cli import (
     make_data_dir,
 )
 from engine_tests.service.sample_service_app import SleepyEcho
-from engine_tests.service.test_root import embedded_config, started_events
+from engine_tests.service.test_root import embedded_config, started_events, wait_polling
 from engine_tests.test_docs import _readme_example
 
 APP = "engine_tests.service.sample_service_app"
@@ -63,15 +62,6 @@ def service(db_url: str, *args: str, **env: str) -> Iterator[Running]:
 
 def live(model: str, **payload: Any) -> TaskRequest:
     return TaskRequest(model=model, payload=payload, identity=IDENTITY)
-
-
-async def _wait_polling(eng: engine.Engine, task_id: uuid.UUID) -> None:
-    with trio.fail_after(DEADLINE):
-        while True:
-            task = await eng.get(task_id)
-            if task is not None and task.upstream_ref is not None:
-                return
-            await trio.sleep(0.05)
 
 
 async def test_run_with_an_app_runs_its_providers_inside_its_context(db_url: str) -> None:
@@ -130,7 +120,7 @@ async def test_first_signal_lets_a_running_task_finish_the_second_requeues_it(
         await client.set_model("echo")
         with service(db_url, "--app", f"{APP}:PROVIDERS") as proc:
             finishing = await client.submit(live("echo", text="2 s", sleep=2))
-            await _wait_polling(client, finishing)
+            await wait_polling(client, finishing)
             proc.proc.send_signal(signal.SIGINT)
             assert proc.wait() == 0
         task = await client.get(finishing)
@@ -138,7 +128,7 @@ async def test_first_signal_lets_a_running_task_finish_the_second_requeues_it(
 
         with service(db_url, "--app", f"{APP}:PROVIDERS") as proc:
             requeued = await client.submit(live("echo", text="long", sleep=120))
-            await _wait_polling(client, requeued)
+            await wait_polling(client, requeued)
             proc.proc.send_signal(signal.SIGINT)
             proc.wait_for_stderr("event=shutdown_draining")
             proc.proc.send_signal(signal.SIGTERM)

@@ -112,7 +112,14 @@ async def test_waiting_tasks_are_never_running_and_each_runs_once(
         assert all(t.started_at is None for t in tasks if t.status is TaskStatus.QUEUED)
         gate.set()
         done = [await eng.wait(t, timeout=20) for t in ids]
-        await eng.runner.events.flush()
+        # Events are written in batches: wait (bounded) until each task's history shows its
+        # final event, so every earlier event is in too.
+        with trio.fail_after(10):
+            while True:
+                histories = [[e.type for e in await eng.events(t)] for t in ids]
+                if all("task.succeeded" in h for h in histories):
+                    break
+                await trio.sleep(0.02)
         started = [
             [e.payload["attempt"] for e in await eng.events(t) if e.type == "task.started"]
             for t in ids

@@ -1,4 +1,4 @@
-"""Water-filling split of the global capacity across instances (§6.2 step 4)."""
+"""Water-filling split of the global capacity across instances."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker-instance registry on a real database (§5.4, §6.1, §6.2, §6.3)."""
+"""The worker-instance registry on a real database."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ async def set_stale(pool: Pool, instance_id: str, seconds: float = STALE + 1) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# Capacity query (§6.1)
+# Capacity query
 
 Row = tuple[str, bool, int | None]
 
@@ -162,7 +162,7 @@ async def test_capacity_counts_limited_unlimited_and_disabled(
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration and allocation (§5.4, §6.2)
+# Registration and allocation
 
 
 async def test_first_registration_inserts_the_row(database: Database) -> None:
@@ -311,7 +311,7 @@ async def test_when_every_instance_is_capped_the_sum_is_the_sum_of_caps(
     last = await register_instance(pool, reg("b", 10, limit=3))
 
     assert await stored(pool) == {"a": 2, "b": 3}
-    # min(G, Σ caps): the newer reference reports this as its GlobalCapacity (§5.4, §6.2).
+    # min(G, Σ caps): newer Go workers report this as their GlobalCapacity.
     assert (last.allocated, last.global_allocated, last.desired_capacity) == (3, 5, 10)
 
 
@@ -323,7 +323,7 @@ async def test_joining_instance_takes_its_share_and_others_shrink_at_their_next_
 
     joined = await register_instance(pool, reg("b", 10))
     assert (joined.allocated, joined.active_instances) == (5, 2)
-    # a still runs 10 until its own next registration (§6.2: each applies only its own share).
+    # a still runs 10 until its own next registration (each applies only its own share).
     assert (await register_instance(pool, reg("a", 10))).allocated == 5
     assert await stored(pool) == {"a": 5, "b": 5}
 
@@ -407,7 +407,7 @@ async def test_draining_instance_stays_draining_when_it_registers_again(
     await register_instance(pool, reg("b", 6))
     await mark_draining(pool, "b")
 
-    # A late refresh tick of a stopping instance must not bring it back (§6.2 step 1).
+    # A late refresh tick of a stopping instance must not bring it back.
     allocation = await register_instance(pool, reg("b", 6))
 
     assert (allocation.allocated, allocation.global_allocated) == (0, 6)
@@ -649,7 +649,7 @@ def test_delete_stale_instances_rejects_a_non_positive_age() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration input (§5.4)
+# Registration input
 
 ENV = {
     "POD_UID": "  uid-7\n",

@@ -1,4 +1,4 @@
-"""The global capacity formula (§6.1), one case per row."""
+"""The global capacity formula, one case per row."""
 
 from __future__ import annotations
 

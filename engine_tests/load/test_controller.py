@@ -1,4 +1,4 @@
-"""The workerload controller (§7.2): pressure, safe capacity, phases and the heavy limit."""
+"""The workerload controller: pressure, safe capacity, phases and the heavy limit."""
 
 from __future__ import annotations
 
@@ -709,7 +709,7 @@ async def test_heavy_limit_under_concurrency(
         nonlocal finished
         lease = controller.try_start()
         while lease is None:
-            # Refused jobs snooze like River jobs do (§5.9); virtual time under autojump.
+            # Refused jobs snooze like River jobs do; virtual time under autojump.
             await trio.sleep(worker_load_retry_delay(task_id))
             lease = controller.try_start()
         with lease:

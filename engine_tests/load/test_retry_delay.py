@@ -1,4 +1,4 @@
-"""The worker-load snooze delay hash (§5.9)."""
+"""The worker-load snooze delay hash."""
 
 from __future__ import annotations
 

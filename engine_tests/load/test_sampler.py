@@ -1,4 +1,4 @@
-"""Resource sampling (§5.4 sampleWorkerLoad, §7.1): fake /proc and cgroup trees, real pools."""
+"""Resource sampling (the Go worker's sampleWorkerLoad): fake /proc and cgroup trees, real pools."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""River's default retry backoff (§4.10) and the snooze threshold (§4.11)."""
+"""River's default retry backoff and the snooze threshold."""
 
 from __future__ import annotations
 

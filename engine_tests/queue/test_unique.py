@@ -1,4 +1,4 @@
-"""Unique keys must match River's byte for byte (reference-semantics §4.1)."""
+"""Unique keys must match River's byte for byte."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ TASK_ID = "3f2b8c1e-9d4a-4e6b-8a7c-1d2e3f4a5b6c"
 GATEWAY_VECTOR = "7101187e877ea220d58b8db2430b051c95e4e0c7905847e8d1725949da5352ad"
 
 
-# --- the gateway vector (§4.1.3) -------------------------------------------------------------
+# --- the gateway vector ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_by_args_list_is_normalised_to_tuple() -> None:
     assert UniqueOpts(by_args=["b", "a"]).by_args == ("b", "a")
 
 
-# --- period (§4.1.3: RFC 3339, truncated like Go's Time.Truncate) ------------------------------
+# --- period (RFC 3339, truncated like Go's Time.Truncate) --------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_html_characters_in_args_change_the_key_like_go() -> None:
     assert text == '&kind=k&args={"q":"a\\u003cb"}'
 
 
-# --- states and bitmask (§4.1.3, §4.1.4) -----------------------------------------------------
+# --- states and bitmask ----------------------------------------------------------------------
 
 
 def test_state_sets() -> None:

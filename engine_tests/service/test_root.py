@@ -89,7 +89,7 @@ async def test_leaving_the_block_drains_a_running_task_to_success(db_url: str) -
     ) as eng:
         await eng.set_model("echo")
         task_id = await eng.submit(live("echo", text="slow", sleep=2))
-        await _wait_polling(eng, task_id)
+        await wait_polling(eng, task_id)
     # The block's end drained: the 2 s task finished instead of being requeued.
     async with engine.open(
         embedded_config(), urls=DatabaseUrls.single(db_url), control=False
@@ -106,7 +106,7 @@ async def test_hurrying_the_drain_requeues_the_running_task_keeping_its_referenc
     ) as eng:
         await eng.set_model("echo")
         task_id = await eng.submit(live("echo", text="slow", sleep=60))
-        await _wait_polling(eng, task_id)
+        await wait_polling(eng, task_id)
         eng.stop_draining()  # the second signal: no drain
     async with engine.open(
         embedded_config(), urls=DatabaseUrls.single(db_url), control=False
@@ -130,7 +130,8 @@ async def started_events(eng: engine.Engine, ids: list[uuid.UUID]) -> list[Any]:
             await trio.sleep(0.05)
 
 
-async def _wait_polling(eng: engine.Engine, task_id: uuid.UUID) -> None:
+async def wait_polling(eng: engine.Engine, task_id: uuid.UUID) -> None:
+    """Return once the task was submitted upstream (its provider polls it now)."""
     with trio.fail_after(15):
         while True:
             task = await eng.get(task_id)

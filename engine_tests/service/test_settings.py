@@ -69,7 +69,7 @@ async def test_task_jobs_keep_their_attempts_whatever_the_default(db_url: str) -
     ) as eng:
         await eng.set_model("sim-model")
         task_job = await job_of(eng, await eng.submit(request()))
-        assert task_job.max_attempts == 1000  # queue.insert_max_attempts (§5.1)
+        assert task_job.max_attempts == 1000  # queue.insert_max_attempts
         other = await eng.queue.insert({"x": 1}, kind="something_else")
         assert other.job.max_attempts == 3
 

@@ -1,5 +1,5 @@
 """A worker process that submits a task upstream and then hangs before recording the answer, so
-the test can SIGKILL it at the worst moment (§6.11).
+the test can SIGKILL it at the worst moment.
 
 Usage: ``python -m engine_tests.tasks.crash_worker DATABASE_URL``. The provider records each
 submission in the table ``sim_submission`` before hanging.

@@ -1,4 +1,4 @@
-"""The worker's decision table (§5.2), row by row, on a real database; fencing; cancel."""
+"""The worker's decision table (docs/tasks.md), row by row, on a real database; fencing; cancel."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 -- Table engine_task: tasks and their execution leases. Every write to a running task is fenced
--- by its execution token, so a stale executor can never overwrite a newer one (§6.11).
+-- by its execution token, so a stale executor can never overwrite a newer one.
 --
 -- A claim holds the lease in one of two ways. A task with nothing to wait for becomes `running`
 -- at once, with its attempt counted. A task whose model or group has a concurrency or rate limit
@@ -259,7 +259,7 @@ FROM finished f, released;
 
 -- name: task_requeue_many
 -- Put running tasks back to queued and release their leases, keeping an upstream reference so
--- the next run resumes polling instead of submitting again (§6.9, §6.10). A task whose upstream
+-- the next run resumes polling instead of submitting again. A task whose upstream
 -- call started but left no reference is ambiguous: it goes to manual_review instead. Scope
 -- slots and unspent rate tokens are given back. A pending claim (queued with the token: a
 -- rate limit, a stop or a database error while it waited for admission) is released the same
@@ -391,12 +391,12 @@ WHERE t.id = victims.id
 RETURNING t.id, t.status, t.run_mode;
 
 -- name: task_list_recoverable
--- Queued tasks with no live job (§6.7), due first, with the model and run mode their job's
+-- Queued tasks with no live job, due first, with the model and run mode their job's
 -- args carry. $1 limit.
 SELECT t.id, t.next_run_at, t.model, t.run_mode
 FROM engine_task t
 WHERE t.status = 'queued'
-  -- A waiting task is the dispatcher's: it gets its job when it is admitted (§6.7).
+  -- A waiting task is the dispatcher's: it gets its job when it is admitted.
   AND NOT EXISTS (
       SELECT 1 FROM engine_task_admission a WHERE a.task_id = t.id AND a.status = 'waiting'
   )

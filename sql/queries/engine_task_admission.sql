@@ -1,5 +1,5 @@
 -- Tables engine_scope_lease, engine_task_admission, engine_rate_bucket, engine_rate_reservation:
--- scope concurrency and rate limits (§8). Every write that changes a scope's usage runs under
+-- scope concurrency and rate limits. Every write that changes a scope's usage runs under
 -- that scope's transaction-level advisory lock, taken in sorted order (no deadlocks).
 
 -- name: scope_lock
@@ -164,7 +164,7 @@ RETURNING t.id;
 
 -- name: admission_yield_stale
 -- Admitted tasks that never started within $1 seconds give their reserved slots back and wait
--- again, keeping their place in line (§6.5). At most $2. Returns ids.
+-- again, keeping their place in line. At most $2. Returns ids.
 WITH stale AS (
     SELECT a.task_id
     FROM engine_task_admission a
@@ -180,7 +180,7 @@ WHERE a.task_id = s.task_id
 RETURNING a.task_id;
 
 -- name: admission_clean_finished
--- Drop admissions and leases of tasks that are final or gone (§6.4). Returns how many.
+-- Drop admissions and leases of tasks that are final or gone. Returns how many.
 WITH gone_admissions AS (
     DELETE FROM engine_task_admission a
     WHERE NOT EXISTS (SELECT 1 FROM engine_task t

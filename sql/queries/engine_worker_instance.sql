@@ -1,13 +1,13 @@
--- Table engine_worker_instance: the worker-instance registry (reference-semantics §3.2, §6.2,
--- §6.3). Every writer runs under worker_instance_lock, so registrations and draining never
--- interleave; reads for status output need no lock.
+-- Table engine_worker_instance: the worker-instance registry (see docs/operations.md,
+-- "Several instances"). Every writer runs under worker_instance_lock, so registrations and
+-- draining never interleave; reads for status output need no lock.
 
 -- name: worker_instance_lock
--- Serialize registry writers until the transaction ends (§6.2). $1: the registry lock key.
+-- Serialize registry writers until the transaction ends. $1: the registry lock key.
 SELECT pg_advisory_xact_lock($1);
 
 -- name: worker_instance_upsert
--- Register or heartbeat one instance (§5.4, §6.2 step 1). $1 instance_id, $2 pod_uid,
+-- Register or heartbeat one instance (a registration's first step). $1 instance_id, $2 pod_uid,
 -- $3 pod_name, $4 site, $5 revision, $6 desired_capacity, $7 capacity_limit, $8 load_mode,
 -- $9 safe_capacity, $10 heavy_capacity, $11 active_tasks, $12 preparing_tasks,
 -- $13 waiting_upstream_tasks, $14 finalizing_tasks, $15 pressure_state, $16 pressure_reason,
@@ -43,11 +43,11 @@ ON CONFLICT (instance_id) DO UPDATE
         models = EXCLUDED.models,
         heartbeat_at = now()
     -- status, draining_at, started_at and allocated are kept: a draining instance stays
-    -- draining (§6.2 step 1), and started_at orders the split, so it must not move (§6.2 step 2).
+    -- draining, and started_at orders the split, so it must not move.
 RETURNING w.status, w.started_at;
 
 -- name: worker_instance_list_active
--- The active set A (§6.2 step 2): live rows, oldest first, ties broken by id so every instance
+-- The active set A: live rows, oldest first, ties broken by id so every instance
 -- computes the same order. $1: heartbeat stale-after, in seconds.
 SELECT instance_id, started_at, capacity_limit, safe_capacity, pressure_state
 FROM engine_worker_instance
@@ -56,7 +56,7 @@ WHERE status = 'active'
 ORDER BY started_at, instance_id;
 
 -- name: worker_instance_set_allocated_many
--- Store a whole split in one statement (§6.2 step 5): each listed instance gets its share and
+-- Store a whole split in one statement: each listed instance gets its share and
 -- every other row (stale or draining, so outside A) gets 0. Rows already holding their value are
 -- not rewritten. $1 instance_id[], $2 allocated[] (same length). Returns the rows changed.
 WITH share AS (
@@ -72,7 +72,7 @@ WHERE w.instance_id = cur.instance_id
 RETURNING w.instance_id, w.allocated;
 
 -- name: worker_instance_mark_draining
--- Take one instance out of the split at shutdown (§5.5, §6.3): status draining, no allocation.
+-- Take one instance out of the split at shutdown: status draining, no allocation.
 -- Repeating it keeps the first draining_at. $1 instance_id. Returns nothing if it is absent.
 UPDATE engine_worker_instance
 SET status = 'draining',

@@ -262,7 +262,7 @@ WHERE id = ANY($1::bigint[]) AND state = 'running'
 RETURNING id;
 
 -- name: job_rescue_orphaned_many
--- Running jobs of queue $1 whose execution is gone (§6.6): started more than $2 seconds ago by
+-- Running jobs of queue $1 whose execution is gone: started more than $2 seconds ago by
 -- an instance (the prefix of the last attempted_by entry, "<instance>-exec-<capacity>-<nanos>")
 -- that is not in $5 (instances with a live heartbeat, read from the registry by the caller),
 -- and not running a task under a live execution lease either (an engine embedded in another
