@@ -38,6 +38,8 @@ _PHASE = QUERIES["task_set_phase_many"]
 _FINISH = QUERIES["task_finish_many"]
 _REQUEUE = QUERIES["task_requeue_many"]
 _EVENTS = QUERIES["task_event_insert_many"]
+#: Seconds one batch of events may take to write (shielded: a stop does not cut it).
+_WRITE_TIMEOUT = 10.0
 
 
 def _dumps(value: Any) -> str | None:
@@ -247,13 +249,16 @@ class EventWriter:
         while self._buffer:
             chunk, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
             try:
-                await self._write(chunk)
+                # Shielded and bounded: a stop that lands mid-write (the records layer stops
+                # right after the runs it records) must not drop the chunk it carries.
+                with trio.fail_after(_WRITE_TIMEOUT, shield=True):
+                    await self._write(chunk)
                 self.written += len(chunk)
-            except DatabaseError as exc:
+            except (DatabaseError, trio.TooSlowError) as exc:
                 self._buffer[:0] = chunk
                 log.warning(
                     "task events not written yet",
-                    extra={"event": "events_retry", "error": str(exc)},
+                    extra={"event": "events_retry", "error": str(exc) or "write timed out"},
                 )
                 if not retry:
                     log.error(
