@@ -10,11 +10,13 @@ or keep ``recovery.stale_after`` above the longest run (its leases still fence e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from engine.capacity.room import GenerationRoom, ShutdownPolicy
 from engine.load.controller import LoadController
-from engine.queue.slots import SlotPool
+from engine.queue.client import QueueClient
 
 __all__ = ["FixedCapacity"]
 
@@ -24,18 +26,20 @@ class FixedCapacity:
 
     def __init__(
         self,
-        room: GenerationRoom,
+        queue: QueueClient,
+        queue_name: str,
         size: int,
-        slots: SlotPool,
         *,
         policy: ShutdownPolicy,
         load: LoadController | None = None,
+        args_filter: tuple[str, tuple[str, ...]] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         if not 1 <= size <= 10_000:
             raise ValueError(f"a fixed capacity must be 1..10000 jobs, got {size}")
-        self.room = room
+        self.room = GenerationRoom(queue, queue_name, args_filter=args_filter, on_change=on_change)
         self.size = size
-        self.slots = slots
+        self.slots = queue.slots
         self.policy = policy
         self.load = load
 

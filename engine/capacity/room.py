@@ -63,12 +63,14 @@ class GenerationRoom:
         queue: QueueClient,
         queue_name: str,
         *,
-        resize_drain_timeout: float,
+        resize_drain_timeout: float = 3600.0,
         args_filter: tuple[str, tuple[str, ...]] | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
         self.queue_name = queue_name
+        #: Seconds a generation replaced by a resize may finish its jobs before they are
+        #: cancelled (``worker.drain_timeout``; the Go worker's 1 h).
         self.resize_drain_timeout = resize_drain_timeout
         self.args_filter = args_filter
         #: Called whenever the set of generations changes (metrics).

@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol, overload
+from typing import Any, overload
 
 import trio
 
@@ -32,7 +32,7 @@ from engine.tasks.runner import LeaseKeeper, TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 from engine.tasks.submit import submit_tasks
 
-__all__ = ["CapacitySource", "Engine"]
+__all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,6 @@ _EVENTS = QUERIES["task_event_list"]
 _COUNTS = QUERIES["task_count_by_status"]
 _MODEL_UPSERT = QUERIES["model_upsert"]
 _GROUP_UPSERT = QUERIES["group_upsert"]
-
-
-class CapacitySource(Protocol):
-    """What decides how many jobs this process runs: the registry refresher or a fixed size."""
-
-    @property
-    def capacity(self) -> int:
-        """The jobs this process may run now."""
-        ...
 
 
 def _check_interval(rate_interval: float) -> None:
@@ -98,8 +89,6 @@ class Engine:
         #: How generations stop when the engine stops (see :meth:`stop_draining`).
         self.policy = policy
         self.load = load
-        #: The capacity source that owns the generations (None in client mode).
-        self.capacity: CapacitySource | None = None
         #: Where the metrics are served (None when ``metrics.enabled`` is off).
         self.metrics_url: str | None = None
 

@@ -55,7 +55,7 @@ import trio
 from engine.admission.dispatcher import Dispatcher
 from engine.capacity.fixed import FixedCapacity
 from engine.capacity.refresher import CapacityRefresher
-from engine.capacity.room import GenerationRoom, ShutdownPolicy
+from engine.capacity.room import ShutdownPolicy
 from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
 from engine.db.bridge import asyncio_loop
@@ -455,31 +455,27 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
     # (and every job without a model: simulation tasks, jobs a Go client inserted).
     args_filter = model_claim_filter(served)
     if config.worker.capacity == "fixed":
-        room = GenerationRoom(
+        return FixedCapacity(
             engine.queue,
             config.queue.name,
-            resize_drain_timeout=config.worker.drain_timeout,
-            args_filter=args_filter,
-            on_change=lambda: engine.metrics.set_generations(len(engine.queue.generations)),
-        )
-        source: FixedCapacity | CapacityRefresher = FixedCapacity(
-            room, _fixed_size(config), engine.queue.slots, policy=engine.policy, load=engine.load
-        )
-    else:
-        source = CapacityRefresher(
-            config,
-            engine.db,
-            engine.queue,
-            engine.queue.slots,
+            _fixed_size(config),
             policy=engine.policy,
             load=engine.load,
-            sampler=sampler,
-            metrics=engine.metrics,
             args_filter=args_filter,
-            models=served,
-        )
-    engine.capacity = source
-    return source.run
+            on_change=lambda: engine.metrics.set_generations(len(engine.queue.generations)),
+        ).run
+    return CapacityRefresher(
+        config,
+        engine.db,
+        engine.queue,
+        engine.queue.slots,
+        policy=engine.policy,
+        load=engine.load,
+        sampler=sampler,
+        metrics=engine.metrics,
+        args_filter=args_filter,
+        models=served,
+    ).run
 
 
 def _count_recovery(metrics: Metrics, report: RecoveryReport) -> None:

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -554,6 +554,18 @@ class _Exits:
         self.exited.set()
         raise _Exited
 
+    async def run(
+        self,
+        body: Callable[[cli._Shutdown], Awaitable[None]],
+        send_signals: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Run ``cli._until_signal(body)`` while ``send_signals`` runs, until the faked exit."""
+        with trio.fail_after(DEADLINE):
+            with pytest.RaisesGroup(_Exited, flatten_subgroups=True):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send_signals)
+                    await cli._until_signal(body)
+
     async def wait_in_shutdown(self, shutting_down: trio.Event) -> None:
         """A graceful shutdown that would take long: only a later signal's exit ends it."""
         shutting_down.set()
@@ -582,11 +594,7 @@ async def test_second_signal_during_shutdown_exits_at_once(exits: _Exits) -> Non
         await shutting_down.wait()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    with trio.fail_after(DEADLINE):
-        with pytest.RaisesGroup(_Exited, flatten_subgroups=True):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send_signals)
-                await cli._until_signal(body)
+    await exits.run(body, send_signals)
     assert exits.codes == [cli.EXIT_INTERRUPTED]
 
 
@@ -610,11 +618,7 @@ async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
         await hurried.wait()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    with trio.fail_after(DEADLINE):
-        with pytest.RaisesGroup(_Exited, flatten_subgroups=True):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send_signals)
-                await cli._until_signal(body)
+    await exits.run(body, send_signals)
     assert hurried.is_set() and exits.codes == [cli.EXIT_INTERRUPTED]
 
 
