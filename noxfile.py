@@ -38,7 +38,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy, strict, over the package."""
-    session.install("-e", ".[test]", "mypy>=1.13,<3")
+    session.install("-e", ".[test]", "mypy>=1.13,<3", "types-croniter>=6.0,<8")
     session.run("mypy")
 
 

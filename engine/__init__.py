@@ -19,6 +19,7 @@ embedding app's tests a real database and a running engine.
 from engine._version import __version__ as __version__
 from engine.config import EngineConfig as EngineConfig
 from engine.config import load_config as load_config
+from engine.db.bridge import Connection as Connection
 from engine.errors import AppError as AppError
 from engine.errors import EngineError as EngineError
 from engine.errors import InvalidProvider as InvalidProvider
@@ -30,6 +31,10 @@ from engine.providers.base import Provider as Provider
 from engine.providers.base import ProviderError as ProviderError
 from engine.providers.simulated import SimulatedProvider as SimulatedProvider
 from engine.providers.simulated import SimulationConfig as SimulationConfig
+from engine.schedules.model import CatchUp as CatchUp
+from engine.schedules.model import Schedule as Schedule
+from engine.schedules.model import ScheduledJob as ScheduledJob
+from engine.schedules.model import ScheduledTask as ScheduledTask
 from engine.service.engine import Engine as Engine
 from engine.service.root import open as open
 from engine.service.root import serve as serve
@@ -42,6 +47,8 @@ from engine.tasks.models import TaskStatus as TaskStatus
 __all__ = [
     "AmbiguousSubmission",
     "AppError",
+    "CatchUp",
+    "Connection",
     "Engine",
     "EngineConfig",
     "EngineError",
@@ -52,6 +59,9 @@ __all__ = [
     "Provider",
     "ProviderError",
     "RunMode",
+    "Schedule",
+    "ScheduledJob",
+    "ScheduledTask",
     "SimulatedProvider",
     "SimulationConfig",
     "Task",

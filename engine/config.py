@@ -42,6 +42,7 @@ import attrs
 import cattrs
 
 from engine.errors import ConfigError
+from engine.schedules.model import Schedule, duplicate_names, schedule_from_table
 
 __all__ = [
     "AdmissionConfig",
@@ -502,6 +503,16 @@ class QueueConfig:
         _integer(1, 32767),
     )
 
+    river_indexes: bool = _setting(
+        False,
+        "Create the three indexes of River's schema that engine leaves out "
+        "(`river_job_args_index` and `river_job_metadata_index`, GIN on `args` and `metadata`, "
+        "and `river_job_kind`), concurrently, when migrating. Turn it on when a Go River "
+        "service's reindexer or River UI shares the schema; each costs throughput on every "
+        "claim and completion (docs/queue.md). Turning it off again drops nothing.",
+        _boolean(),
+    )
+
     def __attrs_post_init__(self) -> None:
         _enforce_rules(self)
 
@@ -881,6 +892,14 @@ class EngineConfig:
         factory=MetricsConfig, metadata={"doc": "Metrics endpoint."}
     )
     logging: LoggingConfig = attrs.field(factory=LoggingConfig, metadata={"doc": "Logging."})
+    schedules: tuple[Schedule, ...] = attrs.field(
+        default=(),
+        metadata={
+            "doc": "Periodic schedules, as `[[schedules]]` tables of the TOML file only "
+            "(docs/schedules.md).",
+            "list_of_tables": True,
+        },
+    )
 
     def __attrs_post_init__(self) -> None:
         _enforce_rules(self)
@@ -986,6 +1005,8 @@ def _field_info(section: str | None, attribute: "attrs.Attribute[Any]") -> Field
 def iter_fields() -> Iterator[FieldInfo]:
     """Every setting, top-level fields first, then each section's fields in declaration order."""
     for attribute in attrs.fields(EngineConfig):
+        if attribute.metadata.get("list_of_tables"):
+            continue  # not a setting: read from the TOML file's array of tables only
         if attribute.name in _SECTION_CLASSES:
             for inner in attrs.fields(_SECTION_CLASSES[attribute.name]):
                 yield _field_info(attribute.name, inner)
@@ -1052,6 +1073,15 @@ def config_reference_markdown() -> str:
                 _cell(info.doc),
             )
             lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## `[[schedules]]`",
+        "",
+        "Periodic schedules, one `[[schedules]]` table each, in the TOML file only (not in the "
+        "environment or `--set`); an embedding app may also pass its own to `engine.open`. "
+        "Their keys and their `[schedules.task]` / `[schedules.job]` tables are described in "
+        "[schedules.md](schedules.md).",
+    ]
     lines += ["", "## Rules between settings", ""]
     lines += [f"- {rule.text}." for rule in _RULES]
     return "\n".join(lines) + "\n"
@@ -1148,6 +1178,26 @@ def _suggestion(word: str, candidates: list[str], spell: Callable[[str], str] = 
     return f"; did you mean {spell(by_bare[close[0]])}?" if close else ""
 
 
+def _read_schedules(value: object, origin: str, problems: list[str]) -> list[Schedule]:
+    """The ``[[schedules]]`` tables; a problem per bad field, naming the table and the field."""
+    if not isinstance(value, list):
+        problems.append(
+            f"schedules ({origin}): must be an array of tables; write [[schedules]] once per "
+            "schedule"
+        )
+        return []
+    schedules: list[Schedule] = []
+    for n, table in enumerate(value):
+        name = table.get("name") if isinstance(table, dict) else None
+        where = f"schedules[{n}]" + (f" ({name})" if isinstance(name, str) and name else "")
+        schedule, found = schedule_from_table(table, where)
+        problems += [f"{problem} ({origin})" for problem in found]
+        if schedule is not None:
+            schedules.append(schedule)
+    problems += [f"{problem} ({origin})" for problem in duplicate_names(schedules)]
+    return schedules
+
+
 def _read_toml(path: Path, named_by: str | None, problems: list[str]) -> list[_Given]:
     where = f"{path} (from {named_by})" if named_by else str(path)
     try:
@@ -1163,7 +1213,9 @@ def _read_toml(path: Path, named_by: str | None, problems: list[str]) -> list[_G
     given: list[_Given] = []
     names = list(_FIELDS)
     for key, value in data.items():
-        if key in _SECTION_CLASSES:
+        if key == "schedules":
+            given.append(_Given(key, _read_schedules(value, origin, problems), origin, False))
+        elif key in _SECTION_CLASSES:
             if not isinstance(value, dict):
                 problems.append(
                     f"{key} = {value!r} ({origin}): must be a table; write [{key}] and put its "
@@ -1244,8 +1296,13 @@ def load_config(
 
     # The winning (given, value) per field; value is None-or-valid only when the rule passed.
     effective: dict[str, tuple[_Given, object, bool]] = {}
+    schedules: tuple[Schedule, ...] = ()
     for layer in layers:
         for given in layer:
+            if given.name == "schedules":
+                assert isinstance(given.raw, list)
+                schedules = tuple(given.raw)
+                continue
             info = _FIELDS[given.name]
             value = _convert(given.raw, info.attribute.type, text=given.text)
             rule = info.attribute.validator
@@ -1278,7 +1335,7 @@ def load_config(
     for name, value in values.items():
         section, _, key = name.rpartition(".")
         (nested[section] if section else nested)[key] = value
-    return _converter.structure(nested, EngineConfig)
+    return attrs.evolve(_converter.structure(nested, EngineConfig), schedules=schedules)
 
 
 def config_as_dict(config: EngineConfig, *, redact: bool = True) -> dict[str, Any]:

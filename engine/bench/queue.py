@@ -18,6 +18,7 @@ import math
 import statistics
 from typing import Any
 
+import attrs
 import trio
 import trio.lowlevel
 
@@ -27,7 +28,7 @@ from engine.db.database import Database
 from engine.queue import Job, Workers, open_queue
 from engine.queue.insert import insert_many, prepare
 
-__all__ = ["TARGETS", "run_queue_bench"]
+__all__ = ["TARGETS", "BurnDown", "burn_down", "run_queue_bench"]
 
 #: Targets on the 2-core reference machine (issue #3); ``check_targets`` compares against them.
 TARGETS: dict[str, tuple[str, float]] = {
@@ -48,7 +49,19 @@ async def _commits(db: Database) -> int:
     )
 
 
-async def _burn_down(db: Database, jobs: int, max_workers: int) -> tuple[float, float]:
+@attrs.frozen
+class BurnDown:
+    """One drain's figures."""
+
+    jobs_per_s: float
+    commits_per_job: float
+    wal_bytes_per_job: float
+    """WAL the server wrote during the drain, per job: what each claim and completion costs
+    in row and index writes, steadier than the throughput between runs."""
+
+
+async def burn_down(db: Database, jobs: int, max_workers: int) -> BurnDown:
+    """Drain ``jobs`` no-op jobs at ``max_workers`` (inserted first, not timed)."""
     workers = Workers()
 
     async def noop(job: Job, args: dict[str, Any]) -> None:
@@ -59,6 +72,7 @@ async def _burn_down(db: Database, jobs: int, max_workers: int) -> tuple[float, 
     # Stats are flushed by backends at transaction end; give them a moment to settle.
     await db.queue.execute("SELECT pg_stat_clear_snapshot()")
     before = await _commits(db)
+    wal_before = await db.queue.fetchval("SELECT pg_current_wal_insert_lsn()")
     async with open_queue(db, _QCFG, workers=workers) as client:
         finished = trio.Event()
 
@@ -71,9 +85,12 @@ async def _burn_down(db: Database, jobs: int, max_workers: int) -> tuple[float, 
         await client.start_generation({"default": max_workers})
         await finished.wait()
         elapsed = trio.current_time() - started
+    wal = await db.queue.fetchval(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)", wal_before
+    )
     await db.queue.execute("SELECT pg_stat_clear_snapshot()")
     after = await _commits(db)
-    return jobs / elapsed, (after - before) / jobs
+    return BurnDown(jobs / elapsed, (after - before) / jobs, float(wal) / jobs)
 
 
 async def _baseline(db: Database, jobs: int, max_workers: int) -> float:
@@ -194,9 +211,10 @@ async def run_queue_bench(admin_url: str, *, quick: bool = False) -> dict[str, f
     jobs = 20_000 // scale
     results: dict[str, float] = {}
     async with BenchDatabase(admin_url) as db:
-        rate, commits = await _burn_down(db, jobs, 32)
+        drained = await burn_down(db, jobs, 32)
+        rate = drained.jobs_per_s
         results["burn_down_jobs_per_s"] = round(rate, 1)
-        results["commits_per_job"] = round(commits, 3)
+        results["commits_per_job"] = round(drained.commits_per_job, 3)
     async with BenchDatabase(admin_url) as db:
         base = await _baseline(db, jobs, 32)
         results["baseline_jobs_per_s"] = round(base, 1)

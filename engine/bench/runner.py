@@ -36,6 +36,8 @@ def _scenarios() -> dict[str, Scenario]:
     from engine.bench.queue import run_queue_bench
     from engine.bench.resize import TARGETS as RESIZE_TARGETS
     from engine.bench.resize import run_resize_bench
+    from engine.bench.river_indexes import TARGETS as RIVER_INDEX_TARGETS
+    from engine.bench.river_indexes import run_river_indexes_bench
     from engine.bench.tasks import TARGETS as TASK_TARGETS
     from engine.bench.tasks import run_tasks_bench
 
@@ -45,6 +47,7 @@ def _scenarios() -> dict[str, Scenario]:
         Scenario("chaos", run_chaos_bench, CHAOS_TARGETS),
         Scenario("resize", run_resize_bench, RESIZE_TARGETS),
         Scenario("load", run_load_bench, LOAD_TARGETS),
+        Scenario("river_indexes", run_river_indexes_bench, RIVER_INDEX_TARGETS),
     ]
     return {s.name: s for s in found}
 

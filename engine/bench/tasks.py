@@ -16,7 +16,7 @@ from __future__ import annotations
 import trio
 
 from engine.bench.common import BenchDatabase
-from engine.bench.queue import _burn_down
+from engine.bench.queue import burn_down
 from engine.config import load_config
 from engine.db.bridge import Counters
 from engine.db.database import DatabaseUrls
@@ -86,7 +86,7 @@ async def run_tasks_bench(admin_url: str, *, quick: bool = False) -> dict[str, f
     results["submit_per_s"] = round(submit_rate, 1)
     results["round_trips_per_task"] = round(trips, 3)
     async with BenchDatabase(admin_url) as db:
-        queue_rate, _ = await _burn_down(db, count, 32)
+        queue_rate = (await burn_down(db, count, 32)).jobs_per_s
     results["queue_jobs_per_s"] = round(queue_rate, 1)
     results["ratio_to_queue"] = round(rate / queue_rate, 3)
     return results

@@ -89,6 +89,7 @@ from engine.errors import TaskError, TaskNotFound
 from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import Job
 from engine.queue.states import JobState
+from engine.schedules.status import ScheduleState, list_schedules
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
 from engine.tasks.jobs import TaskRunArgs
@@ -367,6 +368,7 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
     task_counts = await eng.counts()
     leader = await eng.db.queue.fetchrow(_LEADER_GET)
     unserved = await _unserved(eng)
+    schedules = await list_schedules(eng.db.tasks)
 
     paused: dict[str, datetime | None] = {r["name"]: r["paused_at"] for r in queue_rows}
     queues: dict[str, dict[str, Any]] = {}
@@ -397,6 +399,7 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
                     "queues": queues,
                     "tasks": tasks,
                     "unserved_models": unserved,
+                    "schedules": [_schedule_json(x) for x in schedules],
                 }
             )
         )
@@ -442,6 +445,44 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
     for name, n in unserved.items():
         noun = "task" if n == 1 else "tasks"
         print(f"model {name}: {n} queued {noun}, no live instance serves it")
+    if schedules:
+        print()
+        print(f"schedules ({len(schedules)}):")
+        print(format_table(_SCHEDULE_HEADERS, [_schedule_row(x) for x in schedules]))
+    return EXIT_OK
+
+
+_SCHEDULE_HEADERS = ["NAME", "TIMING", "SUBMITS", "LAST PERIOD", "NEXT", "SUBMITTED", "ERROR"]
+
+
+def _schedule_row(state: ScheduleState) -> list[Any]:
+    submitted = str(state.fired_count)
+    if state.passed_over_count:
+        submitted += f" ({state.passed_over_count} passed over)"
+    return [
+        state.name,
+        state.timing,
+        state.target,
+        state.last_period,
+        state.next_period,
+        submitted,
+        state.last_error,
+    ]
+
+
+def _schedule_json(state: ScheduleState) -> dict[str, Any]:
+    return attrs.asdict(state)
+
+
+async def _cmd_schedules_list(eng: Engine, args: argparse.Namespace) -> int:
+    schedules = await list_schedules(eng.db.tasks)
+    if args.json:
+        print(dumps({"schedules": [_schedule_json(x) for x in schedules]}))
+        return EXIT_OK
+    if not schedules:
+        print("no schedules (a leader declares them when it starts: docs/schedules.md)")
+        return EXIT_OK
+    print(format_table(_SCHEDULE_HEADERS, [_schedule_row(x) for x in schedules]))
     return EXIT_OK
 
 
@@ -937,7 +978,8 @@ def _catalogue_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_inspect_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``status``, ``tasks``, ``jobs``, ``queue``, ``models`` and ``groups`` to the CLI.
+    """Add ``status``, ``tasks``, ``jobs``, ``queue``, ``models``, ``schedules`` and ``groups``
+    to the CLI.
 
     Each leaf command stores its runner as ``cli_run`` (a :data:`CommandFn`).
     """
@@ -971,6 +1013,9 @@ def add_inspect_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     models_set.add_argument("name", metavar="NAME")
     _catalogue_options(models_set)
     models_set.add_argument("--provider", metavar="P", help="provider of live tasks")
+
+    schedules = _group(commands, "schedules", "periodic schedules")
+    _leaf(schedules, "list", _cmd_schedules_list, "list schedules, their last and next periods")
 
     groups = _group(commands, "groups", "the group catalogue")
     _leaf(groups, "list", _cmd_groups_list, "list groups")

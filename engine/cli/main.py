@@ -359,7 +359,9 @@ def _cmd_migrate(config: EngineConfig) -> int:
                 application_name="engine-migrate",
             ) as db,
         ):
-            reports.extend(await migrate_databases(db))
+            reports.extend(
+                await migrate_databases(db, river_indexes=config.queue.river_indexes)
+            )
 
     if trio.run(_until_signal, run_migrations) is not None:
         print("engine: migration interrupted", file=sys.stderr)
@@ -369,6 +371,8 @@ def _cmd_migrate(config: EngineConfig) -> int:
         print(f"  applied: {_format_versions(report.applied)}")
         print(f"  skipped: {_format_versions(report.skipped)}")
         print(f"  already applied: {_format_versions(report.already)}")
+        if report.indexes_created:
+            print(f"  River indexes built: {', '.join(report.indexes_created)}")
     return EXIT_OK
 
 

@@ -8,6 +8,10 @@ need to.
 A migration whose first line is ``-- engine: skip_when_river_schema`` is recorded as skipped when
 River's own schema (line ``main``, version 6 or later) is already in the database, so a Go River
 service and engine share its tables as they are.
+
+With ``river_indexes`` the migrator then builds, concurrently, the three indexes of River's
+schema that engine leaves out (River's reindexer and River UI expect them); an index a failed
+build left invalid is dropped and built again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ from engine.db.bridge import RELEASE_TIMEOUT, Connection
 from engine.db.sqlfiles import QUERIES, Migration, load_migrations
 from engine.errors import DatabaseError, MigrationError
 
-__all__ = ["MIGRATION_LOCK_KEY", "MigrationReport", "migrate", "pending_migrations"]
+__all__ = [
+    "MIGRATION_LOCK_KEY",
+    "RIVER_INDEXES",
+    "MigrationReport",
+    "migrate",
+    "pending_migrations",
+]
 
 #: Advisory lock key shared by every engine migrator (a stable hash of a fixed name).
 MIGRATION_LOCK_KEY = zlib.crc32(b"engine.migrate")
@@ -35,6 +45,14 @@ _GET_APPLIED = QUERIES["migration_get_applied"]
 _INSERT = QUERIES["migration_insert"]
 _RIVER_EXISTS = QUERIES["migration_river_table_exists"]
 _RIVER_VERSION = QUERIES["migration_river_version"]
+_INDEX_VALID = QUERIES["job_index_valid"]
+
+#: River's indexes that engine's schema leaves out, each with the words of its named queries.
+RIVER_INDEXES: dict[str, str] = {
+    "river_job_args_index": "args",
+    "river_job_kind": "kind",
+    "river_job_metadata_index": "metadata",
+}
 
 
 @attrs.frozen
@@ -44,6 +62,7 @@ class MigrationReport:
     applied: tuple[int, ...]
     skipped: tuple[int, ...]
     already: tuple[int, ...]
+    indexes_created: tuple[str, ...] = ()
 
 
 async def _river_version(conn: Connection) -> int | None:
@@ -60,8 +79,23 @@ async def pending_migrations(conn: Connection) -> list[Migration]:
     return [m for m in load_migrations() if m.version not in done]
 
 
-async def migrate(conn: Connection) -> MigrationReport:
-    """Bring the database on ``conn`` up to the newest migration.
+async def _create_river_indexes(conn: Connection) -> tuple[str, ...]:
+    """Build each of :data:`RIVER_INDEXES` that is missing or invalid; return those built."""
+    built: list[str] = []
+    for name, word in RIVER_INDEXES.items():
+        valid = await conn.fetchval(_INDEX_VALID, name)
+        if valid:
+            continue
+        if valid is not None:  # left invalid by a build that failed half-way
+            await conn.execute(QUERIES[f"job_index_drop_{word}"])
+        await conn.execute(QUERIES[f"job_index_create_{word}"])
+        built.append(name)
+    return tuple(built)
+
+
+async def migrate(conn: Connection, *, river_indexes: bool = False) -> MigrationReport:
+    """Bring the database on ``conn`` up to the newest migration; with ``river_indexes``, also
+    build River's optional indexes (the module docstring).
 
     Raises:
         MigrationError: a migration failed (its transaction is rolled back and nothing after it
@@ -94,7 +128,8 @@ async def migrate(conn: Connection) -> MigrationReport:
                     f"migration {migration.version:04d}_{migration.name} failed: {exc}"
                 ) from exc
             (skipped if skip else applied).append(migration.version)
-        return MigrationReport(tuple(applied), tuple(skipped), tuple(sorted(done)))
+        built = await _create_river_indexes(conn) if river_indexes else ()
+        return MigrationReport(tuple(applied), tuple(skipped), tuple(sorted(done)), built)
     finally:
         # Shielded: a cancelled migrator must not keep other migrators waiting on its lock.
         with trio.move_on_after(RELEASE_TIMEOUT, shield=True):

@@ -230,8 +230,11 @@ async def open_urls(config: EngineConfig) -> AsyncIterator[DatabaseUrls]:
             await trio.to_thread.run_sync(server.release)
 
 
-async def migrate_databases(db: Database) -> list[tuple[str, MigrationReport]]:
+async def migrate_databases(
+    db: Database, *, river_indexes: bool = False
+) -> list[tuple[str, MigrationReport]]:
     """Migrate each distinct database of ``db``; return (redacted URL, report) per database.
+    ``river_indexes``: also build River's optional indexes (``queue.river_indexes``).
 
     Every role's database gets the full schema, so a separate coordination database has the
     tables it needs; one shared database is migrated once.
@@ -243,7 +246,7 @@ async def migrate_databases(db: Database) -> list[tuple[str, MigrationReport]]:
     reports: list[tuple[str, MigrationReport]] = []
     for pool in db.distinct_pools():
         async with pool.acquire() as conn:
-            report = await migrate(conn)
+            report = await migrate(conn, river_indexes=river_indexes)
         log.info(
             "migrated database",
             extra={
@@ -252,6 +255,7 @@ async def migrate_databases(db: Database) -> list[tuple[str, MigrationReport]]:
                 "applied": list(report.applied),
                 "skipped": list(report.skipped),
                 "already": len(report.already),
+                "indexes_created": list(report.indexes_created),
             },
         )
         reports.append((redact(pool.dsn), report))

@@ -31,7 +31,7 @@ import os
 import socket
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -103,6 +103,7 @@ class QueueClient:
         self.cancel_scopes: dict[int, trio.CancelScope] = {}
         self.generations: list[Generation] = []
         self.elector: Elector | None = None
+        self._leader_services: tuple[Callable[[], Awaitable[None]], ...] = ()
         #: Called with the seconds each claim statement took (metrics).
         self.on_claim: Callable[[float], None] | None = None
         self._nursery: trio.Nursery | None = None
@@ -275,8 +276,10 @@ class QueueClient:
         for generation in list(self.generations):
             await generation.stopped.wait()
 
-    def make_elector(self) -> Elector:
-        """The leader elector, which runs the scheduler and the cleaner while it leads."""
+    def make_elector(self, also: Sequence[Callable[[], Awaitable[None]]] = ()) -> Elector:
+        """The leader elector, which runs the scheduler and the cleaner while it leads, and
+        each of ``also`` (the owner's leader-only services: periodic schedules)."""
+        self._leader_services = tuple(also)
         self.elector = Elector(
             self.db.queue,
             self.notifier,
@@ -330,6 +333,8 @@ class QueueClient:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scheduler.run)
             nursery.start_soon(cleaner.run)
+            for service in self._leader_services:
+                nursery.start_soon(service)
 
 
 async def make_queue_client(

@@ -13,7 +13,7 @@ signal handling, the demo catalogue and what it prints::
         │   ├── notifier            LISTEN: inserts, job control, leadership
         │   ├── task notices        LISTEN: finished tasks wake wait(), cancels reach runs
         │   ├── lease keeper        renews this process's task leases, one UPDATE per round
-        │   └── elector [worker]    while leader: scheduler, cleaner
+        │   └── elector [worker]    while leader: scheduler, cleaner, periodic schedules
         └── control layer           each sibling supervised: restarted from a fresh state
             ├── metrics server      /metrics, /healthz, /readyz (if metrics.enabled)
             ├── load sampler [worker]
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
@@ -58,7 +58,7 @@ from engine.capacity.refresher import CapacityRefresher
 from engine.capacity.room import ShutdownPolicy
 from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
-from engine.db.bridge import asyncio_loop
+from engine.db.bridge import Connection, asyncio_loop
 from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact
 from engine.db.resolve import migrate_databases, open_urls
@@ -72,9 +72,12 @@ from engine.providers.app import check_providers, load_app, open_providers
 from engine.providers.base import Provider
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.client import make_instance_id, make_queue_client
+from engine.queue.insert import InsertParams, insert_tx
 from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
 from engine.recovery.rescuer import RecoveryReport, Rescuer
+from engine.schedules.model import Schedule, check_schedules
+from engine.schedules.scheduler import PeriodicScheduler
 from engine.service.engine import Engine
 from engine.service.health import Health
 from engine.service.supervise import supervise
@@ -104,6 +107,7 @@ async def serve(
     urls: DatabaseUrls | None = None,
     control: bool = True,
     load: LoadController | None = None,
+    schedules: Sequence[Schedule] = (),
     task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the whole engine until cancelled; ``task_status.started(engine)`` once it is up.
@@ -118,9 +122,11 @@ async def serve(
         control: False runs the records layer only (submit, read, wait, cancel; no recovery,
             admission, capacity or metrics), for read-only tools.
         load: the load controller (default: one built from the ``load`` settings).
+        schedules: periodic schedules of the app, run (with the configuration's
+            ``[[schedules]]``) by whichever worker instance leads.
 
     Raises:
-        ConfigError: invalid settings, app or providers (not retried).
+        ConfigError: invalid settings, app, providers or schedules (not retried).
         EngineError: the start failed ``worker.startup_attempts`` times; the last error.
     """
     attempts = max(1, config.worker.startup_attempts)
@@ -133,7 +139,9 @@ async def serve(
 
     for attempt in range(1, attempts + 1):
         try:
-            await _serve_once(config, providers, simulated, urls, control, load, on_started)
+            await _serve_once(
+                config, providers, simulated, urls, control, load, schedules, on_started
+            )
             return
         except Exception as exc:
             if (
@@ -164,6 +172,7 @@ async def open(
     urls: DatabaseUrls | None = None,
     control: bool = True,
     load: LoadController | None = None,
+    schedules: Sequence[Schedule] = (),
 ) -> AsyncIterator[Engine]:
     """Run the whole engine (:func:`serve`) for the block and yield the open engine.
 
@@ -182,6 +191,7 @@ async def open(
                     urls=urls,
                     control=control,
                     load=load,
+                    schedules=schedules,
                 )
             )
             try:
@@ -228,11 +238,13 @@ async def _serve_once(
     urls: DatabaseUrls | None,
     control: bool,
     load: LoadController | None,
+    schedules: Sequence[Schedule],
     on_started: Callable[[Engine], None],
 ) -> None:
     """One attempt of :func:`serve`."""
     worker = control and config.worker.mode == "worker"
     dbc = config.database
+    every_schedule = _schedules(config, schedules)
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(asyncio_loop())
         if providers is None and config.app is not None and worker:
@@ -253,7 +265,7 @@ async def _serve_once(
             )
         )
         if dbc.migrate_on_start:
-            await migrate_databases(db)
+            await migrate_databases(db, river_indexes=config.queue.river_indexes)
         if load is None and worker:
             load = LoadController(
                 mode=config.load.mode,
@@ -262,7 +274,44 @@ async def _serve_once(
                 thresholds=_thresholds(config),
             )
         engine = await _assemble(config, db, urls, served, simulated, load if worker else None)
-        await _run_tree(engine, worker=worker, control=control, on_started=on_started)
+        await _run_tree(
+            engine,
+            worker=worker,
+            control=control,
+            schedules=every_schedule,
+            on_started=on_started,
+        )
+
+
+def _schedules(config: EngineConfig, schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
+    """The configuration's schedules and the app's, checked together.
+
+    Raises:
+        ConfigError: a schedule of the app is invalid, or two share a name.
+    """
+    every = (*config.schedules, *schedules)
+    problems = check_schedules(every)
+    if problems:
+        raise ConfigError(problems)
+    return every
+
+
+def _periodic(engine: Engine, schedules: Sequence[Schedule]) -> PeriodicScheduler:
+    """The leader's periodic scheduler, submitting through the engine's own paths."""
+    channel = engine.queue.channels.insert
+
+    async def insert_jobs(conn: Connection, params: Sequence[InsertParams]) -> object:
+        return await insert_tx(conn, params, channel)
+
+    return PeriodicScheduler(
+        engine.db.tasks,
+        schedules,
+        engine.submit_tx,
+        insert_jobs,
+        leader_id=engine.instance_id,
+        default_max_attempts=engine.config.queue.default_max_attempts,
+        rollback_timeout=engine.config.worker.enqueue_rollback_timeout,
+    )
 
 
 async def _assemble(
@@ -356,7 +405,12 @@ class _Layer:
 
 
 async def _run_tree(
-    engine: Engine, *, worker: bool, control: bool, on_started: Callable[[Engine], None]
+    engine: Engine,
+    *,
+    worker: bool,
+    control: bool,
+    schedules: Sequence[Schedule],
+    on_started: Callable[[Engine], None],
 ) -> None:
     """Start both layers in order, hand back the engine, and stop them in order."""
     config = engine.config
@@ -370,7 +424,13 @@ async def _run_tree(
             await services.start(engine.notices.run)
             await services.start(engine.keeper.run)
             if worker:
-                await services.start(engine.queue.make_elector().run)
+                also = (_periodic(engine, schedules).run,) if schedules else ()
+                await services.start(engine.queue.make_elector(also).run)
+            elif schedules and control:
+                log.info(
+                    "schedules run on the leading worker instance, not on a client",
+                    extra={"event": "schedules_not_run", "schedules": [s.name for s in schedules]},
+                )
             if control:
                 siblings = await root.start(controls.run)
                 await _start_control(engine, siblings, worker=worker)

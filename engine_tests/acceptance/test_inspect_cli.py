@@ -402,8 +402,11 @@ async def test_status(cli: Cli, conn: Connection, database: Database) -> None:
     await submit(cli, 2)
 
     status = (await cli("status", "--json")).json()
-    assert set(status) == {"capacity", "leader", "instances", "queues", "tasks", "unserved_models"}
+    assert set(status) == {
+        "capacity", "leader", "instances", "queues", "tasks", "unserved_models", "schedules"
+    }  # fmt: skip
     assert status["unserved_models"] == {}  # simulation tasks run anywhere
+    assert status["schedules"] == []
     capacity = status["capacity"]
     assert (capacity["desired"], capacity["capacity"], capacity["hard_limit"]) == (4, 4, 100)
     assert capacity["capped"] is False
@@ -434,6 +437,30 @@ async def test_status(cli: Cli, conn: Connection, database: Database) -> None:
     assert "capacity: 3 (desired 4, hard limit 3, capped)" in human
     assert "host:1:2" in human and "leader: host:1:2-leader" in human
     assert name in human and "queued 2" in human
+
+
+async def test_schedules_list_and_status_show_each_schedules_periods_and_errors(
+    cli: Cli, conn: Connection
+) -> None:
+    assert (await cli("schedules", "list")).ok().startswith("no schedules")
+    await conn.execute(
+        "INSERT INTO engine_schedule (name, timing, target, last_period, next_period,"
+        " fired_count, passed_over_count, last_error, declared_by) VALUES"
+        " ('nightly', 'cron 0 3 * * *', 'task report', '2026-12-01T03:00Z', '2026-12-02T03:00Z',"
+        "  7, 2, NULL, 'host:1:2'),"
+        " ('sweep', 'every 15m', 'job cleanup → default', NULL, NULL, 0, 0,"
+        "  'unknown model', 'host:1:2')"
+    )
+    listed = (await cli("schedules", "list", "--json")).json()["schedules"]
+    assert [(x["name"], x["fired_count"], x["last_error"]) for x in listed] == [
+        ("nightly", 7, None),
+        ("sweep", 0, "unknown model"),
+    ]
+    assert listed[0]["next_period"] == "2026-12-02T03:00:00+00:00"
+    table = (await cli("schedules", "list")).ok()
+    assert "cron 0 3 * * *" in table and "7 (2 passed over)" in table and "unknown model" in table
+    human = (await cli("status")).ok()
+    assert "schedules (2):" in human and "every 15m" in human
 
 
 async def test_status_names_models_with_queued_live_tasks_that_no_live_instance_serves(

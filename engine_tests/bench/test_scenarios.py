@@ -24,6 +24,7 @@ from engine.bench.resize import (
     over_allocation,
     run_resize_bench,
 )
+from engine.bench.river_indexes import run_river_indexes_bench
 from engine.bench.worker import parse_simulation, simulation_json
 from engine.providers.simulated import Latency, SimulationConfig
 
@@ -154,3 +155,20 @@ async def test_load_scenario_quick(pg_admin_url: str, aio_loop: None) -> None:
         assert key in results
     assert results["heavy_limit_exceeded"] == 0
     assert results["tasks_succeeded"] == results["tasks"]
+
+
+@pytest.mark.scenario
+async def test_river_indexes_scenario_quick(pg_admin_url: str, aio_loop: None) -> None:
+    results = await run_river_indexes_bench(pg_admin_url, quick=True)
+    assert set(results) == {
+        "none_jobs_per_s",
+        "none_wal_bytes_per_job",
+        *(
+            f"{v}_{k}"
+            for v in ("args", "kind", "metadata", "all_three")
+            for k in ("jobs_per_s", "cost_pct", "wal_bytes_per_job")
+        ),
+    }
+    assert all(results[f"{v}_jobs_per_s"] > 0 for v in ("none", "args", "all_three"))
+    # Each index is written again by every claim and completion.
+    assert results["all_three_wal_bytes_per_job"] > results["none_wal_bytes_per_job"]

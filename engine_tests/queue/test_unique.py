@@ -142,6 +142,19 @@ def test_nested_values_keep_their_order() -> None:
     assert text == '&kind=k&args={"a":0,"b":{"z":1,"a":2}}'
 
 
+def test_the_docs_field_order_example() -> None:
+    """docs/queue.md: a Go struct's field order gives River's key; sorted keys give another."""
+    opts = UniqueOpts(by_args=("customer", "month"))
+    in_go_order = {"customer": {"name": "Ada", "id": 7}, "month": "2026-12"}
+    sorted_keys = {"customer": {"id": 7, "name": "Ada"}, "month": "2026-12"}
+    assert unique_key_string("invoice", in_go_order, "q", opts) == (
+        '&kind=invoice&args={"customer":{"name":"Ada","id":7},"month":"2026-12"}'
+    )
+    assert unique_key_string("invoice", sorted_keys, "q", opts) != unique_key_string(
+        "invoice", in_go_order, "q", opts
+    )
+
+
 def test_overlapping_subset_paths_are_rejected() -> None:
     with pytest.raises(JobError, match="overlap"):
         unique_key_string("k", {"a": {"b": 1}}, "q", UniqueOpts(by_args=("a", "a-x", "a.b")))

@@ -409,3 +409,8 @@ ORDER BY t.next_run_at, t.created_at
 LIMIT $1
 -- Rows another transaction holds (an operator's lock, a claim) are left for a later round.
 FOR UPDATE OF t SKIP LOCKED;
+
+-- name: task_existing_ids
+-- Which of these task ids exist (a schedule skips a period whose task is already there).
+-- $1: ids.
+SELECT id FROM engine_task WHERE id = ANY($1::uuid[]);

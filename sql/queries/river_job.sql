@@ -295,3 +295,32 @@ SET state = 'available',
 FROM orphans o
 WHERE j.id = o.id
 RETURNING j.id;
+
+-- name: job_index_valid
+-- Whether an index of that name exists in the search path, and is valid (NULL: it does not
+-- exist; false: a concurrent build of it failed half-way). $1: index name.
+SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1);
+
+-- name: job_index_create_args
+-- River's GIN index on args (River creates it; engine only on request: queue.river_indexes).
+CREATE INDEX CONCURRENTLY river_job_args_index ON river_job USING GIN (args);
+
+-- name: job_index_create_kind
+-- River's btree on kind (engine's migration 0006 drops it; back on request).
+CREATE INDEX CONCURRENTLY river_job_kind ON river_job USING btree (kind);
+
+-- name: job_index_create_metadata
+-- River's GIN index on metadata (engine only on request).
+CREATE INDEX CONCURRENTLY river_job_metadata_index ON river_job USING GIN (metadata);
+
+-- name: job_index_drop_args
+-- Drop what a failed concurrent build of river_job_args_index left (an invalid index).
+DROP INDEX CONCURRENTLY IF EXISTS river_job_args_index;
+
+-- name: job_index_drop_kind
+-- Drop what a failed concurrent build of river_job_kind left.
+DROP INDEX CONCURRENTLY IF EXISTS river_job_kind;
+
+-- name: job_index_drop_metadata
+-- Drop what a failed concurrent build of river_job_metadata_index left.
+DROP INDEX CONCURRENTLY IF EXISTS river_job_metadata_index;
