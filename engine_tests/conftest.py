@@ -1,7 +1,9 @@
 """Test fixtures: one real PostgreSQL per session, a fresh database per test.
 
 ``ENGINE_TEST_DATABASE_URL`` points the suite at an existing server (a superuser URL: tests
-create databases); otherwise one embedded server starts for the session with fsync off. A
+create databases); otherwise one embedded server starts for the session with fsync off, from the
+binaries in ``ENGINE_TEST_PG_BINDIR`` when set (``/usr/lib/postgresql/15/bin``: the suite on
+Debian's PostgreSQL 15), else the embedded PostgreSQL. A
 template database is migrated once; each test gets ``CREATE DATABASE ... TEMPLATE``, so tests are
 isolated and cheap (tens of milliseconds each).
 """
@@ -43,7 +45,8 @@ def pg_admin_url() -> Iterator[str]:
         yield url
         return
     data_dir = _make_data_dir()
-    server = embedded.acquire(data_dir, unsafe_fast=True)
+    bindir = os.environ.get("ENGINE_TEST_PG_BINDIR") or None
+    server = embedded.acquire(data_dir, unsafe_fast=True, bindir=bindir)
     try:
         yield server.dsn("postgres")
     finally:
@@ -113,3 +116,10 @@ async def conn(db_url: str) -> AsyncIterator[Connection]:
         yield c
     finally:
         await c.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which server the suite runs on."""
+    if os.environ.get("ENGINE_TEST_DATABASE_URL"):
+        return "PostgreSQL: ENGINE_TEST_DATABASE_URL"
+    return f"PostgreSQL: {os.environ.get('ENGINE_TEST_PG_BINDIR') or 'embedded'}"

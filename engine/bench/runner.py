@@ -12,7 +12,8 @@ import trio
 
 from engine.bench.common import check_targets, format_table
 from engine.config import EngineConfig
-from engine.db.bridge import asyncio_loop
+from engine.db.bridge import asyncio_loop, connect
+from engine.db.dsn import redact
 from engine.db.resolve import open_urls
 
 __all__ = ["SCENARIOS", "Scenario", "run_benchmarks"]
@@ -55,9 +56,11 @@ def _scenarios() -> dict[str, Scenario]:
 SCENARIOS = _scenarios()
 
 
-def markdown(results: dict[str, dict[str, float]]) -> str:
-    """One markdown table of every scenario's figures, with targets and whether they held."""
-    lines = ["| scenario | figure | value | target | met |", "|---|---|---|---|---|"]
+def markdown(results: dict[str, dict[str, float]], server: str = "") -> str:
+    """One markdown table of every scenario's figures, with targets and whether they held,
+    under the server they ran on."""
+    lines = [f"PostgreSQL {server}", ""] if server else []
+    lines += ["| scenario | figure | value | target | met |", "|---|---|---|---|---|"]
     for name, figures in results.items():
         targets = SCENARIOS[name].targets
         met = check_targets(figures, targets)
@@ -80,9 +83,13 @@ def run_benchmarks(
     write JSON (one scenario: its figures; several: keyed by scenario) and markdown."""
     chosen = list(SCENARIOS) if names == ["all"] else names
     results: dict[str, dict[str, float]] = {}
+    server = ""
 
     async def main() -> None:
+        nonlocal server
         async with asyncio_loop(), open_urls(config) as urls:
+            server = await _server_version(urls.tasks)
+            print(f"PostgreSQL {server} ({redact(urls.tasks)})", flush=True)
             for name in chosen:
                 figures = await SCENARIOS[name].run(urls.tasks, quick=quick)
                 results[name] = figures
@@ -91,7 +98,17 @@ def run_benchmarks(
     trio.run(main)
     if json_path is not None:
         payload: Any = results[chosen[0]] if len(chosen) == 1 else results
+        payload = {**payload, "postgresql": server}
         json_path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if markdown_path is not None:
-        markdown_path.write_text(markdown(results))
+        markdown_path.write_text(markdown(results, server))
     return results
+
+
+async def _server_version(url: str) -> str:
+    """``SHOW server_version`` of the server at ``url`` (``15.18 (Debian 15.18-0+deb12u1)``)."""
+    conn = await connect(url)
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()

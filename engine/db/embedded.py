@@ -190,9 +190,17 @@ def find_bindir(data_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def acquire(
-    data_dir: str | os.PathLike[str], *, unsafe_fast: bool = False, pin: bool = False
+    data_dir: str | os.PathLike[str],
+    *,
+    unsafe_fast: bool = False,
+    pin: bool = False,
+    bindir: str | os.PathLike[str] | None = None,
 ) -> EmbeddedServer:
     """Start (or reuse) the server in ``data_dir`` and hold it for this process.
+
+    ``bindir`` names the PostgreSQL binaries to create and run the cluster with (a test suite
+    running on another major version: ``/usr/lib/postgresql/15/bin``); by default they are
+    found as :func:`find_bindir` says.
 
     ``unsafe_fast`` adds ``initdb --no-sync`` and turns off fsync; it only applies when this
     call initialises or starts the server (a running server is reused as it is). Use it for
@@ -212,7 +220,12 @@ def acquire(
             # lock, can never see "no holders" between our start and our registration.
             token = _register_holder(layout)
         try:
-            port = _ensure_running(layout, state, unsafe_fast=unsafe_fast)
+            port = _ensure_running(
+                layout,
+                state,
+                unsafe_fast=unsafe_fast,
+                bindir=None if bindir is None else Path(bindir),
+            )
             if pin:
                 layout.pinned.touch()
         except BaseException as exc:
@@ -971,9 +984,17 @@ def _prune_bin_cache(layout: _Layout, keep: Path | None) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _choose_bindir(layout: _Layout, runas: _RunAs | None) -> tuple[Path, Path, str]:
-    """(where found, what to run, version) for starting the cluster in ``layout``."""
-    candidates = _matching_bindirs(_cluster_major(layout.pgdata))
+def _choose_bindir(
+    layout: _Layout, runas: _RunAs | None, given: Path | None = None
+) -> tuple[Path, Path, str]:
+    """(where found, what to run, version) for starting the cluster in ``layout``: the
+    ``given`` binaries if any, else the first found that matches the cluster."""
+    if given is not None and not _has_tools(given):
+        raise EmbeddedPostgresError(
+            f"{given} does not hold PostgreSQL's initdb, pg_ctl and postgres; name the bin "
+            "directory of an installed server (e.g. /usr/lib/postgresql/15/bin)"
+        )
+    candidates = [given] if given is not None else _matching_bindirs(_cluster_major(layout.pgdata))
     if runas is None:
         return candidates[0], candidates[0], _server_version(candidates[0])
     unreachable: list[Path] = []
@@ -1164,7 +1185,9 @@ def _pg_ctl_stop(layout: _Layout, state: _State) -> None:
         )
 
 
-def _ensure_running(layout: _Layout, state: _State, *, unsafe_fast: bool) -> int:
+def _ensure_running(
+    layout: _Layout, state: _State, *, unsafe_fast: bool, bindir: Path | None = None
+) -> int:
     """Under the lock: make sure the server runs; return its port."""
     pgdata = layout.pgdata
     fresh = not pgdata.exists() or (pgdata.is_dir() and not any(pgdata.iterdir()))
@@ -1192,7 +1215,7 @@ def _ensure_running(layout: _Layout, state: _State, *, unsafe_fast: bool) -> int
     runas = _run_as(layout, create_user=True)
     if runas is not None:
         _check_reachable(layout.data_dir, runas)
-    found, bindir, version = _choose_bindir(layout, runas)
+    found, bindir, version = _choose_bindir(layout, runas, bindir)
     if fresh:
         if not pgdata.exists():
             pgdata.mkdir(mode=0o700)

@@ -87,21 +87,23 @@ class PeriodicScheduler:
 
     async def run(self) -> None:
         """Declare, then fire due periods until cancelled (the elector cancels it when
-        leadership ends)."""
+        leadership ends). A failure is logged and tried again: it never ends the leader's
+        other services."""
         if not self.schedules:
             return
+        declared = False
         while True:
             try:
-                await self.declare()
-                break
-            except DatabaseError as exc:
+                if not declared:
+                    await self.declare()
+                    declared = True
+                wake = await self.run_once()
+            except Exception as exc:  # the database, or a bug: log, wait, try again
                 log.warning(
-                    "declaring schedules failed; retrying",
-                    extra={"event": "schedule_declare_failed", "error": str(exc)},
+                    "periodic scheduler pass failed; retrying",
+                    extra={"event": "schedule_pass_failed", "error": str(exc) or repr(exc)},
                 )
-                await trio.sleep(_ERROR_RETRY)
-        while True:
-            wake = await self.run_once()
+                wake = self.clock() + timedelta(seconds=_ERROR_RETRY)
             await trio.sleep(max(0.0, (wake - self.clock()).total_seconds()))
 
     async def run_once(self) -> datetime:

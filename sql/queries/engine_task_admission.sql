@@ -65,7 +65,8 @@ waiting AS (
 job_done AS (
     UPDATE river_job
     SET state = 'completed', finalized_at = now()
-    WHERE id = $6::bigint AND state = 'running' AND EXISTS (SELECT 1 FROM released)
+    -- By id, never by state (see job_get_available_completing).
+    WHERE id = $6::bigint AND state::text = 'running' AND EXISTS (SELECT 1 FROM released)
 )
 SELECT id FROM released;
 

@@ -49,9 +49,12 @@ SELECT inserted.* FROM inserted, notified;
 -- every job. The filter is checked on the rows the fetching index yields: each job it passes
 -- over still costs a heap visit.
 WITH completed AS (
+    -- state::text, not state: the state check must not be an index condition. Otherwise a plan
+    -- (a generic one, or a custom one on stale statistics) may walk the fetching index's
+    -- 'running' entries, dead ones included, instead of looking the ids up (docs/benchmarks.md).
     UPDATE river_job
     SET state = 'completed', finalized_at = now()
-    WHERE id = ANY($5::bigint[]) AND state = 'running'
+    WHERE id = ANY($5::bigint[]) AND state::text = 'running'
 ),
 locked_jobs AS (
     SELECT id
@@ -111,7 +114,7 @@ targets AS (
            END AS final_state
     FROM params p
     JOIN river_job j ON j.id = p.id
-    WHERE j.state = 'running'
+    WHERE j.state::text = 'running'  -- looked up by id, never by state (the claim's note)
     FOR UPDATE OF j
 )
 UPDATE river_job j
@@ -136,7 +139,7 @@ SET state = t.final_state,
                ELSE '{}'::jsonb
            END
 FROM targets t
-WHERE j.id = t.id AND j.state = 'running'
+WHERE j.id = t.id AND j.state::text = 'running'
 RETURNING j.id, j.state::text AS state, j.queue, j.scheduled_at;
 
 -- name: job_get_by_id
@@ -258,7 +261,7 @@ RETURNING *;
 -- mark running jobs $1 completed. Returns the ids that changed.
 UPDATE river_job
 SET state = 'completed', finalized_at = now()
-WHERE id = ANY($1::bigint[]) AND state = 'running'
+WHERE id = ANY($1::bigint[]) AND state::text = 'running'  -- by id, never by state (the claim)
 RETURNING id;
 
 -- name: job_rescue_orphaned_many
