@@ -1,4 +1,5 @@
-"""Developer sessions: ``nox -s tests`` (default), ``lint``, ``typecheck``, ``bench``, ``chaos``.
+"""Developer sessions: ``nox -s tests`` (default), ``tests_pg15``, ``lint``, ``typecheck``,
+``bench``, ``chaos``.
 
 Sessions run on the interpreter nox itself runs on (3.11-3.13 are supported), so a fresh machine
 needs nothing but ``pip install nox``. ``tests_all`` runs the suite on every supported Python
@@ -19,6 +20,39 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     # The crash and benchmark scenarios (several engine processes each) run in `nox -s chaos`.
     session.run("pytest", *(session.posargs or ["-q", "-m", "not chaos and not scenario"]))
+    if not session.posargs:
+        # The testing kit's example app (docs/testing.md): its own session, as an app's suite
+        # is, with engine's pytest plugin loaded by its entry point.
+        session.run("pytest", "-q", "examples/testing_app")
+
+
+#: The binaries of Debian's PostgreSQL 15 (`apt-get install postgresql-15`).
+PG15_BINDIR = "/usr/lib/postgresql/15/bin"
+
+
+@nox.session
+def tests_pg15(session: nox.Session) -> None:
+    """The queue, task, query, schedule and migration tests on PostgreSQL 15: a private server
+    from Debian's binaries (ENGINE_TEST_PG_BINDIR), started and removed like the embedded one."""
+    session.install("-e", ".[test]")
+    session.run(
+        "pytest",
+        *(
+            session.posargs
+            or [
+                "-q",
+                "-m",
+                "not chaos and not scenario",
+                "engine_tests/queue",
+                "engine_tests/tasks",
+                "engine_tests/db",
+                "engine_tests/schedules",
+                "engine_tests/admission",
+                "engine_tests/capacity",
+            ]
+        ),
+        env={"ENGINE_TEST_PG_BINDIR": PG15_BINDIR},
+    )
 
 
 @nox.session(python=["3.11", "3.12", "3.13"])
@@ -32,12 +66,12 @@ def tests_all(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
     session.install("ruff>=0.8,<1")
-    session.run("ruff", "check", "engine", "engine_tests", "noxfile.py")
+    session.run("ruff", "check", "engine", "engine_tests", "examples", "noxfile.py")
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy, strict, over the package."""
+    """mypy, strict, over the package and the example app."""
     session.install("-e", ".[test]", "mypy>=1.13,<3", "types-croniter>=6.0,<8")
     session.run("mypy")
 

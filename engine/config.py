@@ -543,14 +543,15 @@ class WorkerConfig:
     hard_limit: int = _setting(
         100,
         "Cap on the cluster-wide worker capacity; 0 means no cap (the reference's "
-        "`AsyncWorkerHardLimit`). Proposed default.",
-        _integer(0),
+        "`AsyncWorkerHardLimit`). At most 2,147,483,647 (the registry's integer columns); "
+        "each instance still runs at most 10,000 at once. Proposed default.",
+        _integer(0, 2_147_483_647),
     )
     instance_hard_limit: int = _setting(
         0,
-        "Cap on the capacity of this instance; 0 means no cap (the reference's "
-        "`AsyncWorkerInstanceHardLimit`).",
-        _integer(0),
+        "Cap on the capacity of this instance; 0 means no cap beyond the 10,000 jobs one "
+        "generation runs at most (the reference's `AsyncWorkerInstanceHardLimit`).",
+        _integer(0, 10_000),
     )
     drain_timeout: float = _setting(
         3600.0,
@@ -776,6 +777,19 @@ class TasksConfig:
         1_000_000,
         "Largest accepted task payload, in bytes of its JSON encoding. Proposed default.",
         _integer(1),
+    )
+    max_field_length: int = _setting(
+        256,
+        "Longest accepted identity field (tenant and user ids, API key fields) and group key, "
+        "in characters; a longer one rejects the task (InvalidTask). Model names are capped at "
+        "200 by the catalogue's column.",
+        _integer(1, 100_000),
+    )
+    max_payload_depth: int = _setting(
+        64,
+        "Deepest accepted nesting of objects and arrays in a task payload; a deeper one rejects "
+        "the task (InvalidTask) before it is encoded.",
+        _integer(1, 1_000),
     )
     lease_ttl: float = _setting(
         60.0,

@@ -9,6 +9,7 @@ the class docstring, so ``raise LeaseUnavailable()`` still says something useful
     │   ├── AppError                the ``app`` setting does not load or does not give providers
     │   └── InvalidProvider         a provider lacks an async method or a valid poll_interval
     ├── EmbeddedPostgresError       the private server could not be found, started or stopped
+    │   └── DataDirError            the data directory is unusable as it is (also a ConfigError)
     ├── DatabaseError               a database call failed (asyncpg error kept as __cause__)
     │   ├── ConnectionLost          the server went away or could not be reached
     │   ├── LockTimeout             SQLSTATE 55P03, lock_timeout exceeded
@@ -26,6 +27,13 @@ the class docstring, so ``raise LeaseUnavailable()`` still says something useful
 
 Using an engine object after it was closed raises ``RuntimeError`` (our own misuse), while a
 peer or database failure raises a :class:`DatabaseError` (trio's Closed vs Broken distinction).
+
+Every class says whether the same call may succeed if made again, in ``retryable``: True for
+:class:`ConnectionLost`, :class:`LockTimeout`, :class:`QueryCanceled` and
+:class:`TransactionConflict` (the database was unavailable or busy: wait and call again),
+False for everything else, :class:`InvalidTask` and :class:`ConfigError` above all (the input
+or the settings must change first). A plain :class:`DatabaseError` is not retryable: the
+server refused the statement itself.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ __all__ = [
     "AppError",
     "ConfigError",
     "ConnectionLost",
+    "DataDirError",
     "DatabaseError",
     "EmbeddedPostgresError",
     "EngineError",
@@ -59,6 +68,9 @@ __all__ = [
 
 class EngineError(Exception):
     """An engine error."""
+
+    #: Whether making the same call again may succeed (the module docstring).
+    retryable: bool = False
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message or (self.__doc__ or type(self).__name__).strip().splitlines()[0]
@@ -122,6 +134,17 @@ class EmbeddedPostgresError(EngineError):
     """The embedded PostgreSQL server could not be found, started or stopped."""
 
 
+class DataDirError(EmbeddedPostgresError, ConfigError):
+    """The data directory cannot hold engine's embedded server as it is (not engine's, not a
+    directory, damaged, from a newer engine or another PostgreSQL); it was left untouched.
+    Trying again does not help: choose another directory (``data_dir``) or fix this one."""
+
+    def __init__(self, message: str) -> None:
+        ConfigError.__init__(self, [message])
+        self.message = message
+        self.args = (message,)
+
+
 class DatabaseError(EngineError):
     """A database call failed."""
 
@@ -131,11 +154,14 @@ class DatabaseError(EngineError):
 class ConnectionLost(DatabaseError):
     """The database connection was lost or could not be opened."""
 
+    retryable = True
+
 
 class LockTimeout(DatabaseError):
     """A lock could not be acquired within lock_timeout (SQLSTATE 55P03)."""
 
     sqlstate = "55P03"
+    retryable = True
 
 
 class UniqueViolation(DatabaseError):
@@ -152,11 +178,14 @@ class QueryCanceled(DatabaseError):
     """A statement was cancelled by statement_timeout or a cancel request (SQLSTATE 57014)."""
 
     sqlstate = "57014"
+    retryable = True
 
 
 class TransactionConflict(DatabaseError):
     """The server rolled the statement back to break a deadlock or a serialization conflict
     (SQLSTATE 40P01 or 40001); nothing was written, and running it again is safe."""
+
+    retryable = True
 
 
 class MigrationError(EngineError):

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import engine
+import engine.testing
+from engine.db.bridge import connect
+from engine.errors import ConnectionLost
 from engine.testing import open_test_engine, run_until_final, temporary_database
 
 
@@ -53,3 +58,44 @@ def test_public_names_are_exported() -> None:
         assert hasattr(engine, name), name
     assert engine.open is engine.service.root.open  # type: ignore[attr-defined]
     assert engine.serve is engine.service.root.serve  # type: ignore[attr-defined]
+
+
+def test_the_testing_kits_names_are_importable() -> None:
+    for name in (
+        "open_test_engine",
+        "run_until_final",
+        "temporary_database",
+        *engine.testing.__all__,
+    ):
+        assert hasattr(engine.testing, name), name
+
+
+async def test_a_temporary_database_without_a_server_starts_one(
+    monkeypatch: pytest.MonkeyPatch, aio_loop: None
+) -> None:
+    monkeypatch.delenv("ENGINE_TEST_DATABASE_URL", raising=False)
+    async with temporary_database() as url:
+        conn = await connect(url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM engine_migration") > 0
+        finally:
+            await conn.close()
+    with pytest.raises(ConnectionLost):  # the server it started is gone
+        await connect(url, timeout=2)
+
+
+async def test_a_manual_test_engine_with_its_models(pg_admin_url: str, aio_loop: None) -> None:
+    async with (
+        temporary_database(pg_admin_url) as url,
+        open_test_engine(
+            providers={"echo": EchoProvider()}, url=url, manual=True, register_models=True
+        ) as eng,
+    ):
+        assert eng.config.worker.mode == "client"
+        task_id = await eng.submit(  # no set_model: registered
+            engine.TaskRequest(
+                model="echo", payload={"prompt": "a"}, identity=engine.Identity("t", "u")
+            )
+        )
+        [ran] = await engine.testing.drain(eng)
+    assert ran.id == task_id and ran.result == {"echo": "a"}

@@ -17,6 +17,7 @@ import trio
 from engine.capacity.room import GenerationRoom, ShutdownPolicy
 from engine.load.controller import LoadController
 from engine.queue.client import QueueClient
+from engine.queue.generation import MAX_WORKERS
 
 __all__ = ["FixedCapacity"]
 
@@ -35,8 +36,8 @@ class FixedCapacity:
         args_filter: tuple[str, tuple[str, ...]] | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
-        if not 1 <= size <= 10_000:
-            raise ValueError(f"a fixed capacity must be 1..10000 jobs, got {size}")
+        if not 1 <= size <= MAX_WORKERS:
+            raise ValueError(f"a fixed capacity must be 1..{MAX_WORKERS} jobs, got {size}")
         self.room = GenerationRoom(queue, queue_name, args_filter=args_filter, on_change=on_change)
         self.size = size
         self.slots = queue.slots

@@ -44,6 +44,7 @@ from engine.load.controller import LoadController
 from engine.load.sampler import LoadSamplerService
 from engine.metrics import Metrics
 from engine.queue.client import QueueClient
+from engine.queue.generation import MAX_WORKERS
 from engine.queue.slots import SlotPool
 
 __all__ = ["CATALOG_CHANNEL", "CapacityRefresher"]
@@ -125,7 +126,8 @@ class CapacityRefresher:
         registration = Registration.from_environment(
             self.queue.instance_id,
             desired_capacity=snapshot.capacity,
-            capacity_limit=worker.instance_hard_limit,
+            # No share beyond what one generation can run, whatever the cluster-wide cap.
+            capacity_limit=min(worker.instance_hard_limit or MAX_WORKERS, MAX_WORKERS),
             heartbeat_stale_after=self.stale_after,
             load=load_snapshot,
             load_clock_now=time.monotonic(),

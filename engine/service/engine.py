@@ -142,7 +142,7 @@ class Engine:
             conn,
             requests,
             queue=self.config.queue,
-            max_payload_bytes=self.config.tasks.max_payload_bytes,
+            tasks=self.config.tasks,
             instance_id=self.instance_id,
             notify_channel=self.queue.channels.insert,
             # A separate catalogue pool only when it is another database: asking the same pool

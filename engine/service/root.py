@@ -72,6 +72,7 @@ from engine.providers.app import check_providers, load_app, open_providers
 from engine.providers.base import Provider
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.client import make_instance_id, make_queue_client
+from engine.queue.generation import MAX_WORKERS
 from engine.queue.insert import InsertParams, insert_tx
 from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
@@ -228,7 +229,8 @@ def _thresholds(config: EngineConfig) -> LoadThresholds:
 
 def _fixed_size(config: EngineConfig) -> int:
     worker = config.worker
-    return worker.instance_hard_limit or worker.hard_limit or UNBOUNDED_FALLBACK
+    # One generation runs at most MAX_WORKERS jobs, whatever the cluster-wide cap allows.
+    return min(worker.instance_hard_limit or worker.hard_limit or UNBOUNDED_FALLBACK, MAX_WORKERS)
 
 
 async def _serve_once(

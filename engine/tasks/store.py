@@ -22,6 +22,7 @@ from engine.db.batcher import Batcher
 from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.tasks.jsoncheck import json_problem
 from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
 
 __all__ = ["EventWriter", "TaskStore"]
@@ -44,6 +45,19 @@ _WRITE_TIMEOUT = 10.0
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _storable(value: Any) -> tuple[str | None, str | None]:
+    """(``value`` as jsonb text, None), or (None, why PostgreSQL's jsonb would refuse it)."""
+    if value is None:
+        return None, None
+    problem = json_problem(value)
+    if problem is not None:
+        return None, problem
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False), None
+    except (TypeError, ValueError) as exc:
+        return None, f"is not JSON ({exc})"
 
 
 class TaskStore:
@@ -138,8 +152,19 @@ class TaskStore:
 
         Runs shielded: the outcome already happened and must be recorded.
         """
+        result_text, problem = _storable(result)
+        if problem is not None:
+            # The outcome is recorded, for this task alone: a result PostgreSQL would refuse
+            # must not fail the batch it would be written with.
+            status, result_text = TaskStatus.FAILED, None
+            error = {"code": "result_not_storable", "message": f"the provider's result {problem}"}
+        error_text, problem = _storable(error)
+        if problem is not None:
+            error_text = json.dumps({"code": (error or {}).get("code"), "message": repr(error)})
         with trio.CancelScope(shield=True):
-            done = await self._finish.submit((task_id, token, status.value, result, error))
+            done = await self._finish.submit(
+                (task_id, token, status.value, result_text, error_text)
+            )
         return done
 
     async def _finish_many(
@@ -150,8 +175,8 @@ class TaskStore:
             [i[0] for i in items],
             [i[1] for i in items],
             [i[2] for i in items],
-            [_dumps(i[3]) for i in items],
-            [_dumps(i[4]) for i in items],
+            [i[3] for i in items],
+            [i[4] for i in items],
         )
         held = {r["id"] for r in rows}
         return [i[0] in held for i in items]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -18,7 +20,7 @@ from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
 from engine.db.resolve import scratch_database
-from engine.errors import ConfigError, DatabaseError, leaves
+from engine.errors import ConfigError, DatabaseError, DataDirError, leaves
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.queue.states import JobState
 from engine.service.engine import Engine
@@ -310,3 +312,49 @@ async def test_a_configuration_error_at_start_is_not_retried(
     errors = [e for e in leaves(raised.value) if isinstance(e, ConfigError)]
     assert len(errors) == 1 and "database.coordination_url" in str(errors[0])
     assert _start_retries(caplog) == []
+
+
+async def test_a_data_directory_that_is_not_engines_is_not_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="engine.service.root")
+    (tmp_path / "notes.txt").write_text("someone else's directory")
+    config = make_config(**FAST, data_dir=str(tmp_path), **{"worker.startup_attempts": "3"})
+    with trio.fail_after(20), pytest.raises(BaseException) as raised:
+        await serve(config)
+    (error,) = [e for e in leaves(raised.value) if isinstance(e, DataDirError)]
+    assert "not created by engine" in str(error)
+    assert _start_retries(caplog) == []
+    assert os.listdir(tmp_path) == ["notes.txt"]  # left untouched
+
+
+# ---- worker.hard_limit / worker.instance_hard_limit ---------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", ["registry", "fixed"])
+async def test_a_hard_limit_above_what_one_generation_runs_gives_the_generation_maximum(
+    db_url: str, capacity: str
+) -> None:
+    """A cluster-wide cap of 20,000 with one instance: the instance runs one generation of
+    10,000, the most a generation runs, instead of failing every refresh."""
+    config = make_config(**{"worker.capacity": capacity, "worker.hard_limit": 20_000})
+    async with open_engine(config, urls=DatabaseUrls.single(db_url)) as eng:
+        await eng.set_model("unlimited")  # the registry's capacity: up to the hard limit
+        with trio.fail_after(10):
+            while eng.queue.slots.total != 10_000 or not eng.queue.generations:
+                await trio.sleep(0.02)
+        assert eng.ready
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("worker.hard_limit", "2147483648", "worker.hard_limit = '2147483648'"),
+        ("worker.instance_hard_limit", "10001", "worker.instance_hard_limit = '10001'"),
+    ],
+)
+def test_limits_the_database_or_a_generation_cannot_hold_are_config_errors(
+    setting: str, value: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config(**{setting: value})

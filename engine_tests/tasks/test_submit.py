@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 
 import pytest
 import trio
 
 from engine.admission.dispatcher import Dispatcher
-from engine.config import QueueConfig, load_config
+from engine.config import QueueConfig, TasksConfig, load_config
 from engine.db.bridge import Connection
 from engine.db.database import Database
-from engine.errors import InvalidTask
+from engine.errors import ConfigError, ConnectionLost, DatabaseError, InvalidTask, LockTimeout
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import InsertOpts
@@ -85,6 +86,13 @@ async def test_wait_returns_within_50ms_of_completion(eng: Engine) -> None:
     assert returned_at[0] - finished_at[0] < 0.050
 
 
+def _nested(depth: int) -> object:
+    value: object = "leaf"
+    for _ in range(depth):
+        value = {"a": [value]}
+    return value
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -94,6 +102,23 @@ async def test_wait_returns_within_50ms_of_completion(eng: Engine) -> None:
         ({"payload": "x" * 2_000_000}, "payload is 2000002 bytes; the limit is 1000000"),
         ({"identity": Identity(tenant_id="", user_id="u")}, "identity.tenant_id is required"),
         ({"identity": Identity(tenant_id="t")}, "identity needs user_id or gateway_user_id"),
+        (
+            {"identity": Identity(tenant_id="t", user_id="u" * 10_000_000)},
+            "request 1: identity.user_id is 10000000 characters; the limit is 256 "
+            "(tasks.max_field_length)",
+        ),
+        ({"group_key": "g" * 300}, "group_key is 300 characters; the limit is 256"),
+        ({"model": "m" * 201}, "request 1: model is 201 characters; the limit is 200"),
+        ({"identity": Identity(tenant_id="t\x00", user_id="u")}, "tenant_id holds a NUL"),
+        ({"payload": {"text": "a\x00b"}}, "payload has text holding a NUL character"),
+        ({"payload": {"k\x00": 1}}, "payload has a key 'k\\x00' holding a NUL character"),
+        ({"payload": {"text": "\ud800"}}, "payload has text holding a lone surrogate (U+D800)"),
+        ({"group_key": "\udfff"}, "group_key holds a lone surrogate (U+DFFF)"),
+        ({"payload": _nested(5_000)}, "payload is nested deeper than 64 levels"),
+        ({"id": "not-a-uuid"}, "request 1: id must be a uuid.UUID, not str"),
+        ({"run_at": datetime(2026, 12, 1, 12, 0)}, "run_at must be a timezone-aware datetime"),
+        ({"identity": {"tenant_id": "t"}}, "identity must be an engine.Identity, not dict"),
+        ({"group_key": 7}, "request 1: group_key must be text, not int"),
     ],
 )
 async def test_bad_input_is_rejected_and_nothing_is_stored(
@@ -104,6 +129,17 @@ async def test_bad_input_is_rejected_and_nothing_is_stored(
     with pytest.raises(InvalidTask, match=re.escape(message)):
         await eng.submit([request(), request(model, **kwargs)])  # type: ignore[arg-type]
     assert await _stored(eng) == (0, 0)
+
+
+def test_rejected_input_is_a_permanent_error_and_an_outage_a_retryable_one() -> None:
+    assert not InvalidTask.retryable and not ConfigError.retryable
+    assert not DatabaseError.retryable
+    assert ConnectionLost.retryable and LockTimeout.retryable
+
+
+async def test_a_payload_at_the_depth_limit_is_accepted(eng: Engine) -> None:
+    task_id = await eng.submit(request(payload=_nested(32)))  # 64 levels: 32 x (dict, list)
+    assert (await eng.wait(task_id, timeout=10)).status is TaskStatus.SUCCEEDED
 
 
 async def test_disabled_model_is_rejected(eng: Engine) -> None:
@@ -153,7 +189,7 @@ async def _submit_on(conn: Connection, requests: list[TaskRequest]) -> dict[str,
     """Submit on a bare connection (no engine executes them); return each task's job args."""
     async with conn.transaction():
         await submit_tasks(
-            conn, requests, queue=QueueConfig(), max_payload_bytes=1_000_000, instance_id="test"
+            conn, requests, queue=QueueConfig(), tasks=TasksConfig(), instance_id="test"
         )
     return await _job_args(conn)
 
@@ -229,3 +265,27 @@ async def test_recovery_and_the_dispatcher_give_new_jobs_the_same_routing(
     assert (await Dispatcher(config, database).run_once()).admitted == 2
     async with database.tasks.acquire() as conn:
         assert await _job_args(conn) == expected
+
+
+class _Unstorable(SimulatedProvider):
+    """Finalizes a task whose payload asks for it into a result jsonb refuses."""
+
+    async def finalize(self, task: Any, result: Any) -> Any:
+        result = await super().finalize(task, result)
+        return {"score": float("nan")} if task.payload.get("bad") else result
+
+
+async def test_a_result_that_cannot_be_stored_fails_its_own_task_only(
+    open_test_engine: OpenEngine,
+) -> None:
+    """Tasks finishing together are recorded in one statement: one unstorable result must not
+    fail the others."""
+    async with open_test_engine(simulated=_Unstorable()) as eng:
+        await eng.set_model("sim-model")
+        ids = await eng.submit([request(payload={"bad": n == 3}) for n in range(8)])
+        tasks = [await eng.wait(i, timeout=10) for i in ids]
+    assert [t.status for t in tasks] == [
+        TaskStatus.FAILED if n == 3 else TaskStatus.SUCCEEDED for n in range(8)
+    ]
+    assert tasks[3].error is not None and tasks[3].error["code"] == "result_not_storable"
+    assert "is not JSON" in tasks[3].error["message"]
