@@ -57,6 +57,7 @@ from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import (
     ConnectionLost,
+    DatabaseError,
     EngineError,
     LeaseUnavailable,
     LockTimeout,
@@ -82,6 +83,11 @@ _HAND_BACK_TIMEOUT = 10.0
 _HANDED_BACK_MEMORY = 10_000
 
 _T = TypeVar("_T")
+
+#: Share of the lease a fenced write is retried for while the database is away.
+WRITE_RETRY_SHARE = 0.5
+_WRITE_RETRY_FIRST = 0.05
+_WRITE_RETRY_MAX = 2.0
 
 
 class TaskQueued(Exception):
@@ -340,11 +346,13 @@ class TaskRunner:
                 raise JobSnooze(self.lock_timeout_delay) from None
             await self._fail(run, exc)  # 10 → 11
         except ConnectionLost as exc:
-            # The database went away under the run (a lost connection, a restart): that says
-            # nothing about the task, so it goes back to the queue rather than failing. If the
-            # requeue fails too, the error is raised and the job retried; recovery also
-            # requeues the task once its lease runs out.
-            status = await self.store.requeue(task_id, run.token)
+            # The database went away under the run for longer than the writes' retries (a
+            # lost connection, a restart): that says nothing about the task, so it goes back
+            # to the queue rather than failing, as soon as the database answers again, so its
+            # lease and scope slots are not held until they expire. If the requeue fails too,
+            # the error is raised and the job retried; recovery requeues the task once its
+            # lease runs out.
+            status = await self._durably("requeue", lambda: self.store.requeue(task_id, run.token))
             log.warning(
                 "database error during a run; task requeued",
                 extra={
@@ -574,7 +582,9 @@ class TaskRunner:
             if ref is None:
                 prepared = await _provider_call("prepare", provider.prepare, task)
                 phase_started = self._phase_done("preparing", phase_started)
-                if not await self.store.mark_submitting(task.id, token):
+                if not await self._durably(
+                    "mark_submitting", lambda: self.store.mark_submitting(task.id, token)
+                ):
                     raise LeaseUnavailable()
                 await self._enter(lease, Phase.WAITING_UPSTREAM)
                 try:
@@ -618,7 +628,13 @@ class TaskRunner:
                     )
                     raise ManualReview() from crash
                 execution.upstream_ref = ref
-                if not await self.store.record_upstream(task.id, token, ref):  # ref is set
+                # The reference lives only in this process until it is written: a database
+                # blip here must not turn a known submission into a lost one.
+                upstream = ref
+                if not await self._durably(
+                    "record_upstream",
+                    lambda: self.store.record_upstream(task.id, token, upstream),
+                ):
                     raise LeaseUnavailable()
                 self.emit(
                     task,
@@ -669,6 +685,30 @@ class TaskRunner:
         if lease is not None:
             await lease.enter(phase)
 
+    async def _durably(self, what: str, write: Callable[[], Awaitable[_T]]) -> _T:
+        """Run a fenced write, trying it again while the database is unavailable.
+
+        Only errors that say the database was away or busy (``retryable``: a lost connection,
+        a restart, a lock or statement timeout) are retried, with backoff, for as long as
+        the run's lease would still hold (``WRITE_RETRY_SHARE`` of the lease). The token is
+        kept meanwhile: once the database is back the write lands, or finds the lease taken
+        over (False) and changes nothing.
+        """
+        deadline = trio.current_time() + self.store.lease_ttl * WRITE_RETRY_SHARE
+        delay = _WRITE_RETRY_FIRST
+        while True:
+            try:
+                return await write()
+            except DatabaseError as exc:
+                if not exc.retryable or trio.current_time() + delay > deadline:
+                    raise
+                log.warning(
+                    "task write failed; retrying while the lease holds",
+                    extra={"event": "task_write_retry", "write": what, "error": str(exc)},
+                )
+            await trio.sleep(delay)
+            delay = min(delay * 2, _WRITE_RETRY_MAX)
+
     async def _finish(
         self,
         task: Task,
@@ -678,7 +718,11 @@ class TaskRunner:
         result: Any = None,
         error: dict[str, Any] | None = None,
     ) -> None:
-        if not await self.store.finish(task.id, token, status, result=result, error=error):
+        finished = await self._durably(
+            "finish",
+            lambda: self.store.finish(task.id, token, status, result=result, error=error),
+        )
+        if not finished:
             raise LeaseUnavailable()
         self.events.forget_phase(task.id)
         if self.on_finished is not None:

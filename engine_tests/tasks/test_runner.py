@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from engine.db.bridge import connect
+from engine.db.database import DatabaseUrls
 from engine.errors import ConnectionLost, DatabaseError
 from engine.load.controller import LoadController
 from engine.load.retry_delay import worker_load_retry_delay
@@ -19,8 +20,10 @@ from engine.providers.base import PollResult
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.job import Job, JobSnooze
 from engine.service.engine import Engine
+from engine.service.root import open as open_engine
 from engine.tasks.models import RunMode, Task, TaskEvent, TaskStatus
 from engine.tasks.runner import TaskRunArgs
+from engine_tests.faults import TcpProxy, tcp_proxy
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 
 
@@ -512,3 +515,56 @@ async def test_a_lost_connection_requeues_the_task_instead_of_failing_it(idle: E
     await work(idle, task_id)
     assert (await status(idle, task_id)).status is TaskStatus.SUCCEEDED
     assert sim(idle).submissions[task_id] == 1
+
+
+class _OutageAfterUpstream(SimulatedProvider):
+    """Once the upstream has answered (after submit, or after finalize), the link to the
+    database is cut: every connection reset, new ones dropped, until the test heals it."""
+
+    def __init__(self, proxy: TcpProxy, stage: str) -> None:
+        super().__init__()
+        self.proxy = proxy
+        self.stage = stage
+        self.down = trio.Event()
+
+    def _outage(self) -> None:
+        if not self.down.is_set():
+            self.proxy.cut()
+            self.down.set()
+
+    async def submit(self, task: Task, prepared: Any) -> str:
+        ref = await super().submit(task, prepared)
+        if self.stage == "submit":
+            self._outage()
+        return ref
+
+    async def finalize(self, task: Task, result: Any) -> Any:
+        result = await super().finalize(task, result)
+        if self.stage == "finalize":
+            self._outage()
+        return result
+
+
+@pytest.mark.parametrize("stage", ["submit", "finalize"])
+async def test_a_database_outage_after_the_upstream_answered_loses_nothing(
+    db_url: str, stage: str
+) -> None:
+    """The reference (after submit) and the outcome (after finalize) exist only in this
+    process until written: the run keeps its token and writes them once the database is back,
+    so the task succeeds and is never sent to manual review by its live owner."""
+    async with tcp_proxy(db_url) as proxy:
+        provider = _OutageAfterUpstream(proxy, stage)
+        config = make_config(**{"worker.hard_limit": 4})
+        urls = DatabaseUrls.single(proxy.url(db_url))
+        async with open_engine(config, urls=urls, simulated=provider) as eng:
+            await eng.set_model("sim-model")
+            task_id = await eng.submit(request())
+            with trio.fail_after(30):
+                await provider.down.wait()
+            await trio.sleep(1.0)  # the outage: one second with no database
+            proxy.heal()
+            task = await eng.wait(task_id, timeout=30)
+            events = [e.type for e in await eng.events(task_id)]
+    assert task.status is TaskStatus.SUCCEEDED, (task.status, task.error)
+    assert provider.submissions[task_id] == 1
+    assert "task.requeued" not in events and "task.manual_review" not in events

@@ -145,3 +145,51 @@ async def test_recovery_releases_a_pending_claim_whose_owner_died(conn: Connecti
         assert task["status"] == "queued" and task["execution_token"] is None
         assert task["attempts"] == 0 and task["finished_at"] is None
     assert after[held]["execution_token"] is not None  # a live claim keeps its lease
+
+
+async def test_every_move_by_recovery_is_written_to_the_tasks_history(conn: Connection) -> None:
+    """Recovery requeues, sends to manual review or cancels running tasks whose owner is gone,
+    and each move is an event with the reason, the lost owner and the recovering instance."""
+    rows = await conn.fetch(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 execution_token, execution_owner, lease_expires_at, attempts,
+                                 submitted_at, upstream_ref, cancel_requested_at)
+        VALUES
+            -- polling upstream when its owner died: requeued, resumes polling
+            (gen_random_uuid(), 'm', 't', 'u', 'live', '{}', 'running', gen_random_uuid(),
+             'dead', now() + interval '1 hour', 1, now(), 'ref-1', NULL),
+            -- submitted, answer never recorded: manual review
+            (gen_random_uuid(), 'm', 't', 'u', 'live', '{}', 'running', gen_random_uuid(),
+             'alive', now() - interval '1 second', 1, now(), NULL, NULL),
+            -- cancel requested before submission: cancelled
+            (gen_random_uuid(), 'm', 't', 'u', 'simulation', '{}', 'running', gen_random_uuid(),
+             'dead', now() + interval '1 hour', 1, NULL, NULL, now())
+        RETURNING id
+        """
+    )
+    polling, ambiguous, cancelling = (r["id"] for r in rows)
+    recovered = await conn.fetch(QUERIES["task_recover_interrupted_many"], ["dead"], 100, "me")
+    assert {r["id"]: r["status"] for r in recovered} == {
+        polling: "queued",
+        ambiguous: "manual_review",
+        cancelling: "cancelled",
+    }
+    events = {
+        r["task_id"]: r
+        for r in await conn.fetch(
+            "SELECT task_id, type, status, message, payload, simulated, instance_id"
+            " FROM engine_task_event"
+        )
+    }
+    assert {k: (e["type"], e["status"]) for k, e in events.items()} == {
+        polling: ("task.requeued", "queued"),
+        ambiguous: ("task.manual_review", "manual_review"),
+        cancelling: ("task.cancelled", "cancelled"),
+    }
+    assert events[polling]["payload"] == {
+        "reason": "owner_gone", "owner": "dead", "recovered_by": "me"
+    }  # fmt: skip
+    assert events[ambiguous]["payload"]["reason"] == "lease_expired"
+    assert "resumes polling" in events[polling]["message"]
+    assert events[cancelling]["simulated"] and events[polling]["instance_id"] == "me"

@@ -347,10 +347,15 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
 -- the next run resumes polling); one whose submission is ambiguous goes to manual_review; one
 -- whose cancel was requested is cancelled. A pending claim (queued with a token: its owner died
 -- while it waited for admission) only loses the token, so the next claim can take it. At most
--- $2, never this process's own ($3). Scope slots and unspent rate tokens are released by the
--- admission cleanup that follows.
+-- $2, never this process's own ($3, also the recovering instance named in the events). Every
+-- move of a running task is written to its history in the same statement: task.requeued,
+-- task.manual_review or task.cancelled, with the reason (lease_expired or owner_gone), the
+-- owner that lost it and the recovering instance. Scope slots and unspent rate tokens are
+-- released by the admission cleanup that follows.
 WITH victims AS (
-    SELECT t.id
+    SELECT t.id, t.status AS was, t.execution_owner AS owner,
+           CASE WHEN t.execution_owner = ANY($1::text[]) THEN 'owner_gone'
+                ELSE 'lease_expired' END AS reason
     FROM engine_task t
     WHERE t.execution_token IS NOT NULL
       AND t.status IN ('queued', 'running')
@@ -359,36 +364,61 @@ WITH victims AS (
     ORDER BY t.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+),
+recovered AS (
+    UPDATE engine_task t
+    SET status = CASE
+            WHEN t.status = 'queued' THEN 'queued'
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+            WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            ELSE 'queued'
+        END,
+        finished_at = CASE
+            WHEN t.status = 'queued' THEN NULL
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+            WHEN t.cancel_requested_at IS NOT NULL THEN now()
+        END,
+        error = CASE
+            WHEN t.status = 'queued' THEN t.error
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN
+                '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
+            WHEN t.cancel_requested_at IS NOT NULL THEN
+                '{"code": "cancelled", "message": "cancelled; its owner stopped first"}'
+            ELSE t.error
+        END,
+        phase = NULL,
+        execution_token = NULL,
+        execution_owner = NULL,
+        lease_expires_at = NULL,
+        next_run_at = now(),
+        updated_at = now()
+    FROM victims
+    WHERE t.id = victims.id
+    RETURNING t.id, t.status, t.run_mode, t.upstream_ref, victims.was, victims.owner,
+              victims.reason
+),
+history AS (
+    INSERT INTO engine_task_event (task_id, type, status, message, payload, simulated, instance_id)
+    SELECT id,
+           CASE status WHEN 'manual_review' THEN 'task.manual_review'
+                       WHEN 'cancelled' THEN 'task.cancelled'
+                       ELSE 'task.requeued' END,
+           status,
+           CASE status
+               WHEN 'manual_review' THEN
+                   'its owner stopped after submitting upstream, before recording the answer'
+               WHEN 'cancelled' THEN 'cancelled: its owner stopped first'
+               ELSE 'requeued: its owner stopped'
+                    || CASE WHEN upstream_ref IS NOT NULL THEN '; the next run resumes polling'
+                            ELSE '' END
+           END,
+           jsonb_build_object('reason', reason, 'owner', owner, 'recovered_by', $3::text),
+           run_mode = 'simulation',
+           $3::text
+    FROM recovered
+    WHERE was = 'running'  -- a pending claim losing its token is not a move
 )
-UPDATE engine_task t
-SET status = CASE
-        WHEN t.status = 'queued' THEN 'queued'
-        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
-        WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
-        ELSE 'queued'
-    END,
-    finished_at = CASE
-        WHEN t.status = 'queued' THEN NULL
-        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
-        WHEN t.cancel_requested_at IS NOT NULL THEN now()
-    END,
-    error = CASE
-        WHEN t.status = 'queued' THEN t.error
-        WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN
-            '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
-        WHEN t.cancel_requested_at IS NOT NULL THEN
-            '{"code": "cancelled", "message": "cancelled; its owner stopped first"}'
-        ELSE t.error
-    END,
-    phase = NULL,
-    execution_token = NULL,
-    execution_owner = NULL,
-    lease_expires_at = NULL,
-    next_run_at = now(),
-    updated_at = now()
-FROM victims
-WHERE t.id = victims.id
-RETURNING t.id, t.status, t.run_mode;
+SELECT id, status, run_mode FROM recovered;
 
 -- name: task_list_recoverable
 -- Queued tasks with no live job, due first, with the model and run mode their job's
