@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests`` (default), ``tests_pg15``, ``lint``, ``typecheck``,
-``bench``, ``chaos``.
+``bench``, ``chaos``, ``browser``.
 
 Sessions run on the interpreter nox itself runs on (3.11-3.13 are supported), so a fresh machine
 needs nothing but ``pip install nox``. ``tests_all`` runs the suite on every supported Python
@@ -96,3 +96,12 @@ def bench(session: nox.Session) -> None:
     """Run every benchmark scenario and write one markdown table to bench-results.md."""
     session.install("-e", ".")
     session.run("python", "-m", "engine", "bench", "all", "--markdown", "bench-results.md")
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """The dashboard in headless Chromium: Debian's ``chromium`` (``/usr/bin/chromium``,
+    ``ENGINE_TEST_CHROMIUM``) driven by Playwright; screenshots in ``browser-artifacts/``.
+    Playwright's own browser download is never used."""
+    session.install("-e", ".[test,browser]")
+    session.run("pytest", "-m", "browser", "engine_tests/browser", *session.posargs)

@@ -26,9 +26,11 @@ from engine.errors import InvalidProvider as InvalidProvider
 from engine.errors import InvalidTask as InvalidTask
 from engine.errors import TaskNotFound as TaskNotFound
 from engine.providers.base import AmbiguousSubmission as AmbiguousSubmission
+from engine.providers.base import NotSubmitted as NotSubmitted
 from engine.providers.base import PollResult as PollResult
 from engine.providers.base import Provider as Provider
 from engine.providers.base import ProviderError as ProviderError
+from engine.providers.base import UpstreamBusy as UpstreamBusy
 from engine.providers.simulated import SimulatedProvider as SimulatedProvider
 from engine.providers.simulated import SimulationConfig as SimulationConfig
 from engine.schedules.model import CatchUp as CatchUp
@@ -55,6 +57,7 @@ __all__ = [
     "Identity",
     "InvalidProvider",
     "InvalidTask",
+    "NotSubmitted",
     "PollResult",
     "Provider",
     "ProviderError",
@@ -68,6 +71,7 @@ __all__ = [
     "TaskNotFound",
     "TaskRequest",
     "TaskStatus",
+    "UpstreamBusy",
     "__version__",
     "load_config",
     "open",

@@ -46,6 +46,7 @@ from engine.schedules.model import Schedule, duplicate_names, schedule_from_tabl
 
 __all__ = [
     "AdmissionConfig",
+    "DashboardConfig",
     "DatabaseConfig",
     "EngineConfig",
     "FieldInfo",
@@ -255,6 +256,12 @@ _RULES: Final[tuple[_Rule, ...]] = (
     ),
     _stale_rule("recovery", "recovery takes its running jobs away"),
     _stale_rule("admission", "its admitted tasks are yielded"),
+    _Rule(
+        ("dashboard.username", "dashboard.password"),
+        "dashboard.username and dashboard.password go together: set both for basic auth, or "
+        "neither",
+        lambda v: (v["dashboard.username"] is None) == (v["dashboard.password"] is None),
+    ),
 )
 
 
@@ -346,6 +353,13 @@ class DatabaseConfig:
         "Apply pending schema migrations at start. Turn it off when migrations are applied "
         "separately before a deploy.",
         _boolean(),
+    )
+    embedded_check_interval: float = _setting(
+        5.0,
+        "Seconds between two looks at the embedded server while the engine runs: one that "
+        "stopped under it (killed, a full disk) is logged with the tail of its log and started "
+        "again, with backoff. Unused with an external server.",
+        _number(gt=0),
     )
     statement_cache_size: int = _setting(
         100,
@@ -841,6 +855,45 @@ class MetricsConfig:
 
 
 @attrs.frozen
+class DashboardConfig:
+    """The web dashboard, served by the metrics server (`metrics.host`, `metrics.port`).
+
+    Off loopback the dashboard needs an access token or basic-auth credentials: the service
+    refuses to start without them. `/metrics`, `/healthz` and `/readyz` never need them.
+    """
+
+    enabled: bool | None = _setting(
+        None,
+        "Serve the dashboard pages on the metrics server. Unset: on for `python -m engine run` "
+        "(and `python -m engine dashboard`), off for an engine embedded with `engine.open` or "
+        "`engine.serve`; `true` or `false` decides for both. With `metrics.enabled = false` "
+        "and this `true`, the server runs for the dashboard alone.",
+        _boolean(optional=True),
+    )
+    token: str | None = _setting(
+        None,
+        "Access token: a request must send `Authorization: Bearer <token>`, or sign in once "
+        "with it on the dashboard's sign-in page (a cookie then carries the session). "
+        "Required (or `username` and `password`) when `metrics.host` is not a loopback address.",
+        _text(16, 500, optional=True),
+    )
+    username: str | None = _setting(
+        None,
+        "Basic-auth user name (with `password`); it is also the actor recorded on changes made "
+        "through the dashboard.",
+        _text(1, 200, optional=True),
+    )
+    password: str | None = _setting(
+        None,
+        "Basic-auth password (with `username`).",
+        _text(8, 500, optional=True),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        _enforce_rules(self)
+
+
+@attrs.frozen
 class LoggingConfig:
     """Log output."""
 
@@ -904,6 +957,9 @@ class EngineConfig:
     tasks: TasksConfig = attrs.field(factory=TasksConfig, metadata={"doc": "Tasks and leases."})
     metrics: MetricsConfig = attrs.field(
         factory=MetricsConfig, metadata={"doc": "Metrics endpoint."}
+    )
+    dashboard: DashboardConfig = attrs.field(
+        factory=DashboardConfig, metadata={"doc": "Web dashboard."}
     )
     logging: LoggingConfig = attrs.field(factory=LoggingConfig, metadata={"doc": "Logging."})
     schedules: tuple[Schedule, ...] = attrs.field(
@@ -1174,10 +1230,16 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
+#: Settings whose values never appear in messages or in ``config_as_dict``.
+_SECRETS: Final = frozenset({"dashboard.token", "dashboard.password"})
+
+
 def _shown(name: str, value: object) -> str:
     """``repr(value)``, with the password of a database URL masked."""
     if name.endswith("url") and isinstance(value, str):
         value = _redacted(value)
+    if name in _SECRETS and value is not None:
+        return "'***'"
     return repr(value)
 
 
@@ -1363,4 +1425,8 @@ def config_as_dict(config: EngineConfig, *, redact: bool = True) -> dict[str, An
         for key, value in database.items():
             if key.endswith("url") and isinstance(value, str):
                 database[key] = _redacted(value)
+        dashboard = data["dashboard"]
+        for key in ("token", "password"):
+            if dashboard.get(key) is not None:
+                dashboard[key] = "***"
     return data

@@ -1,4 +1,4 @@
-"""Prometheus metrics and a small HTTP server for them, on trio.
+"""Prometheus metrics, in a registry of the engine's own.
 
 :class:`Metrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the global
 one: several engines (or tests) in one process each get their own series and never collide on
@@ -7,20 +7,17 @@ registration. It carries the reference's metrics (``SetAsyncWorkerCapacity``,
 engine's own (queue depth, claim and completion latency, task phases, recoveries, admissions,
 leadership, generations).
 
-:class:`MetricsServer` answers ``GET /metrics``, ``/healthz`` and ``/readyz`` with a minimal
-HTTP/1.1 implementation on ``trio`` sockets: one request per connection, a read deadline, a
-request size cap, so a slow or hostile client costs one short-lived task and nothing else.
+They are served, with ``/healthz`` and ``/readyz``, by the process's HTTP server
+(:mod:`engine.web`), through prometheus_client's own exposition.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
-import trio
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -30,7 +27,6 @@ from prometheus_client import (
     generate_latest,
 )
 
-from engine.errors import AddressInUse
 from engine.load.controller import LoadSnapshot, PressureState
 
 __all__ = [
@@ -39,7 +35,6 @@ __all__ = [
     "PRESSURE_STATES",
     "RESIZE_OUTCOMES",
     "Metrics",
-    "MetricsServer",
     "StatedItem",
 ]
 
@@ -389,263 +384,3 @@ class Metrics:
     def render(self) -> bytes:
         """The registry in Prometheus text format 0.0.4 (:data:`CONTENT_TYPE`)."""
         return bytes(generate_latest(self.registry))
-
-
-# --- HTTP ------------------------------------------------------------------------------------
-
-_REASONS: Final = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-_TEXT: Final = "text/plain; charset=utf-8"
-# How long, and how much, we read after a response before closing (see _serve_one).
-_LINGER_SECONDS: Final = 1.0
-_LINGER_BYTES: Final = 1 << 16
-
-
-class _Response:
-    """One response: status, content type, body and extra headers."""
-
-    __slots__ = ("body", "content_type", "headers", "status")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str = _TEXT,
-        headers: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-
-    def encode(self) -> bytes:
-        """The response bytes; every response closes the connection."""
-        lines = [
-            f"HTTP/1.1 {self.status} {_REASONS[self.status]}",
-            f"Content-Type: {self.content_type}",
-            f"Content-Length: {len(self.body)}",
-            "Connection: close",
-            "Cache-Control: no-store",
-            *(f"{name}: {value}" for name, value in self.headers),
-        ]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
-
-
-class _RequestTooLarge(Exception):
-    """The request head exceeded the size cap."""
-
-
-class MetricsServer:
-    """A minimal HTTP/1.1 server for the metrics and health endpoints, on trio.
-
-    Routes: ``GET /metrics`` (the exposition text), ``GET /healthz`` (200 ``ok`` while the
-    process runs), ``GET /readyz`` (200 when ``ready()`` is true, else 503). Unknown paths get
-    404, other methods on known paths 405, malformed requests 400, oversized ones 431, and a
-    client that does not send a full request head within ``read_timeout`` gets 408. Each
-    connection carries one request and is closed after the response (``Connection: close``), so
-    there is no keep-alive state to manage. At most ``max_connections`` are served at once; more
-    are closed at once rather than queued behind slow clients.
-    """
-
-    def __init__(
-        self,
-        metrics: Metrics | Callable[[], bytes],
-        *,
-        host: str = "127.0.0.1",
-        port: int = 9464,
-        ready: Callable[[], bool] | None = None,
-        read_timeout: float = 5.0,
-        write_timeout: float = 5.0,
-        max_request_bytes: int = 8192,
-        max_connections: int = 64,
-    ) -> None:
-        """Create the server (it listens only in :meth:`run`).
-
-        Args:
-            metrics: the metrics to serve, or a function returning the exposition bytes.
-            host: address to bind (``MetricsConfig.host``).
-            port: port to bind; 0 picks a free one (``MetricsConfig.port``).
-            ready: readiness check for ``/readyz``; always ready if ``None``.
-            read_timeout: seconds a client has to send its whole request head.
-            write_timeout: seconds a client has to take the whole response.
-            max_request_bytes: cap on the request head; bigger requests get 431.
-            max_connections: connections served at once.
-        """
-        self._render = metrics.render if isinstance(metrics, Metrics) else metrics
-        self.host = host
-        self.port = port
-        self.ready = ready
-        self.read_timeout = read_timeout
-        self.write_timeout = write_timeout
-        self.max_request_bytes = max_request_bytes
-        self._slots = trio.CapacityLimiter(max_connections)
-        #: The bound port once :meth:`run` has started.
-        self.bound_port: int | None = None
-
-    @property
-    def connections(self) -> int:
-        """Connections being served right now."""
-        return int(self._slots.borrowed_tokens)
-
-    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Bind and serve until cancelled; ``task_status.started(port)`` with the bound port.
-
-        This is ``trio.serve_tcp`` in its two steps, so that with port 0 only one listener is
-        kept: a host name resolving to both IPv4 and IPv6 would otherwise get a different free
-        port per address, and the reported port would be only one of them.
-        """
-        try:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise AddressInUse(
-                f"metrics.port: {self.host}:{self.port} is already in use; set metrics.port "
-                "(ENGINE_METRICS_PORT, or --set metrics.port=N) to a free port, 0 for any free "
-                "port, or metrics.enabled=false"
-            ) from None
-        if self.port == 0 and len(listeners) > 1:
-            for extra in listeners[1:]:
-                await extra.aclose()
-            listeners = listeners[:1]
-        port = int(listeners[0].socket.getsockname()[1])
-        self.bound_port = port
-        log.info(
-            "metrics server listening",
-            extra={"event": "metrics_listening", "host": self.host, "port": port},
-        )
-        async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
-            task_status.started(port)
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        """Serve one connection; never raises (an escaping error would stop the server)."""
-        try:
-            try:
-                self._slots.acquire_nowait()
-            except trio.WouldBlock:
-                # Full of (probably slow) clients: shed this one instead of queueing it.
-                return
-            try:
-                await self._serve_one(stream)
-            finally:
-                self._slots.release()
-        except Exception:
-            log.exception("metrics request failed", extra={"event": "metrics_request_failed"})
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    async def _serve_one(self, stream: trio.SocketStream) -> None:
-        """Read one request head, answer it, then close gracefully."""
-        response = await self._read_request(stream)
-        if response is None:
-            return
-        try:
-            with trio.move_on_after(self.write_timeout) as sending:
-                await stream.send_all(response.encode())
-            if sending.cancelled_caught:
-                return
-            # Lingering close: shut our side, then drain what the client is still sending (an
-            # oversized request) so the kernel does not reset the connection and discard the
-            # response before the client has read it. Bounded, so a client that ignores
-            # "Connection: close" cannot hold a slot for long.
-            await stream.send_eof()
-            with trio.move_on_after(_LINGER_SECONDS):
-                drained = 0
-                while drained < _LINGER_BYTES:
-                    data = await stream.receive_some(4096)
-                    if not data:
-                        break
-                    drained += len(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-
-    async def _read_request(self, stream: trio.SocketStream) -> _Response | None:
-        """The response to the client's request, or ``None`` if there is nobody to answer."""
-        with trio.move_on_after(self.read_timeout):
-            try:
-                head = await self._read_head(stream)
-            except _RequestTooLarge:
-                return _Response(431, b"request too large\n")
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return None
-            if not head:
-                # The client closed before sending anything.
-                return None
-            return self._respond(head)
-        return _Response(408, b"request timeout\n")
-
-    async def _read_head(self, stream: trio.SocketStream) -> bytes:
-        """Read up to the blank line ending the request head.
-
-        Returns:
-            the head, or ``b""`` if the client closed the connection before sending one.
-
-        Raises:
-            _RequestTooLarge: if no blank line arrives within ``max_request_bytes``.
-        """
-        buffer = bytearray()
-        while True:
-            end = _head_end(buffer)
-            if end is not None:
-                if end > self.max_request_bytes:
-                    raise _RequestTooLarge
-                return bytes(buffer[:end])
-            if len(buffer) >= self.max_request_bytes:
-                raise _RequestTooLarge
-            data = await stream.receive_some(self.max_request_bytes + 1 - len(buffer))
-            if not data:
-                # EOF: a complete request line without the blank line is still answerable
-                # (HTTP/0.9-style probes); nothing at all is not.
-                return bytes(buffer)
-            buffer += data
-
-    def _respond(self, head: bytes) -> _Response:
-        """Route one request head to its response."""
-        request_line = head.split(b"\n", 1)[0].rstrip(b"\r")
-        parts = request_line.split(b" ")
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-            return _Response(400, b"bad request\n")
-        method, target = parts[0], parts[1]
-        path = target.split(b"?", 1)[0]
-        if path not in (b"/metrics", b"/healthz", b"/readyz"):
-            return _Response(404, b"not found\n")
-        if method != b"GET":
-            return _Response(405, b"method not allowed\n", headers=[("Allow", "GET")])
-        if path == b"/healthz":
-            return _Response(200, b"ok\n")
-        if path == b"/readyz":
-            return self._readiness()
-        try:
-            body = self._render()
-        except Exception:
-            log.exception("metrics rendering failed", extra={"event": "metrics_render_failed"})
-            return _Response(500, b"metrics rendering failed\n")
-        return _Response(200, body, content_type=CONTENT_TYPE)
-
-    def _readiness(self) -> _Response:
-        """200 ``ready`` or 503 ``not ready``; a failing check counts as not ready."""
-        if self.ready is None:
-            return _Response(200, b"ready\n")
-        try:
-            ok = bool(self.ready())
-        except Exception:
-            log.exception("readiness check failed", extra={"event": "readiness_check_failed"})
-            ok = False
-        return _Response(200, b"ready\n") if ok else _Response(503, b"not ready\n")
-
-
-def _head_end(buffer: bytearray) -> int | None:
-    """Index just past the blank line ending a request head (CRLF or bare LF), or ``None``."""
-    crlf = buffer.find(b"\r\n\r\n")
-    lf = buffer.find(b"\n\n")
-    ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
-    return min(ends) if ends else None

@@ -318,7 +318,10 @@ def test_bad_optional_number_says_empty_is_allowed() -> None:
 
 
 def test_empty_text_for_a_required_field() -> None:
-    problem = "worker.hard_limit = '' (from ENGINE_WORKER_HARD_LIMIT): must be an integer >= 0"
+    problem = (
+        "worker.hard_limit = '' (from ENGINE_WORKER_HARD_LIMIT): must be an integer from 0 to "
+        "2147483647"
+    )
     with pytest.raises(ConfigError, match=only(problem)):
         load_config(env={"ENGINE_WORKER_HARD_LIMIT": ""})
 
@@ -443,7 +446,7 @@ def test_wrong_toml_types(tmp_path: Path) -> None:
         load_config(env={}, toml_path=toml)
     assert caught.value.problems == [
         f"queue.fetch_cooldown = '0.5' (from {toml}): must be a number >= 0",
-        f"worker.hard_limit = True (from {toml}): must be an integer >= 0",
+        f"worker.hard_limit = True (from {toml}): must be an integer from 0 to 2147483647",
     ]
 
 

@@ -1,17 +1,15 @@
-"""Metrics and the metrics HTTP server."""
+"""Metrics (their HTTP server is engine.web: engine_tests/web/test_server.py)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
 
 import attrs
 import pytest
-import trio
 from prometheus_client import REGISTRY
 
 from engine.load.controller import LoadSnapshot, PressureState
-from engine.metrics import CONTENT_TYPE, JOB_STATES, RESIZE_OUTCOMES, Metrics, MetricsServer
+from engine.metrics import JOB_STATES, RESIZE_OUTCOMES, Metrics
 
 ALL_NAMES = [
     "engine_async_worker_capacity",
@@ -201,165 +199,3 @@ def test_the_other_engine_metrics() -> None:
     metrics.set_leader(True)
     metrics.set_leader(False)
     assert value(metrics, "engine_leader") == 0
-
-
-# --- the HTTP server -------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-async def exchange(port: int, raw: bytes) -> Reply:
-    """Send ``raw`` and read the whole reply (the server closes after each response)."""
-    with trio.fail_after(5):
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        async with stream:
-            if raw:
-                await stream.send_all(raw)
-            data = await read_to_eof(stream)
-    return parse(data)
-
-
-async def read_to_eof(stream: trio.SocketStream) -> bytes:
-    data = bytearray()
-    while chunk := await stream.receive_some(65536):
-        data += chunk
-    return bytes(data)
-
-
-def parse(data: bytes) -> Reply:
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ")[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, val = line.partition(":")
-        headers[name.strip().lower()] = val.strip()
-    assert int(headers["content-length"]) == len(body)
-    assert headers["connection"] == "close"
-    return Reply(status, headers, body)
-
-
-def get(path: str, method: str = "GET") -> bytes:
-    return f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: test\r\n\r\n".encode()
-
-
-class Ready:
-    def __init__(self) -> None:
-        self.flag = False
-        self.error: Exception | None = None
-
-    def __call__(self) -> bool:
-        if self.error is not None:
-            raise self.error
-        return self.flag
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[int, Metrics, Ready, MetricsServer]]:
-    metrics = Metrics()
-    ready = Ready()
-    server = MetricsServer(metrics, host="127.0.0.1", port=0, ready=ready, read_timeout=1.0)
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(server.run)
-        assert port == server.bound_port and port > 0
-        yield port, metrics, ready, server
-        nursery.cancel_scope.cancel()
-
-
-async def test_http_metrics(served: tuple[int, Metrics, Ready, MetricsServer]) -> None:
-    port, metrics, _, _ = served
-    metrics.observe_resize("success")
-    reply = await exchange(port, get("/metrics"))
-    assert reply.status == 200
-    assert reply.headers["content-type"] == CONTENT_TYPE
-    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
-    assert reply.body == metrics.render()
-    text = reply.body.decode()
-    assert 'engine_async_worker_resize_total{outcome="success"} 1.0' in text
-    # A query string does not change the route.
-    assert (await exchange(port, get("/metrics?name[]=engine_leader"))).status == 200
-
-
-async def test_http_health_and_readiness(
-    served: tuple[int, Metrics, Ready, MetricsServer],
-) -> None:
-    port, _, ready, _ = served
-    health = await exchange(port, get("/healthz"))
-    assert (health.status, health.body) == (200, b"ok\n")
-    assert (await exchange(port, get("/readyz"))).status == 503
-    ready.flag = True
-    assert (await exchange(port, get("/readyz"))).status == 200
-    ready.error = RuntimeError("check broke")
-    assert (await exchange(port, get("/readyz"))).status == 503
-
-
-async def test_http_errors(served: tuple[int, Metrics, Ready, MetricsServer]) -> None:
-    port, _, _, _ = served
-    assert (await exchange(port, get("/nope"))).status == 404
-    reply = await exchange(port, get("/metrics", method="POST"))
-    assert reply.status == 405
-    assert reply.headers["allow"] == "GET"
-    assert (await exchange(port, get("/healthz", method="HEAD"))).status == 405
-    assert (await exchange(port, b"\x16\x03\x01garbage\r\n\r\n")).status == 400
-    assert (await exchange(port, b"GET /healthz\r\n\r\n")).status == 400  # no version
-    # Bare LF line endings are tolerated.
-    assert (await exchange(port, b"GET /healthz HTTP/1.0\n\n")).status == 200
-
-
-async def test_http_oversized_request_is_rejected(
-    served: tuple[int, Metrics, Ready, MetricsServer],
-) -> None:
-    port, _, _, _ = served
-    huge = b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n"
-    assert (await exchange(port, huge)).status == 431
-    # A head just over the cap with its terminator inside the first read is rejected too.
-    over = b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 8200 + b"\r\n\r\n"
-    assert (await exchange(port, over)).status == 431
-    assert (await exchange(port, get("/healthz"))).status == 200
-
-
-async def test_http_silent_client_times_out_without_blocking_others(
-    served: tuple[int, Metrics, Ready, MetricsServer],
-) -> None:
-    port, _, _, server = served
-    with trio.fail_after(5):
-        silent = await trio.open_tcp_stream("127.0.0.1", port)
-        async with silent:
-            opened = trio.current_time()
-            # While the silent client holds its connection, others are served at once.
-            assert (await exchange(port, get("/healthz"))).status == 200
-            assert trio.current_time() - opened < server.read_timeout
-            reply = parse(await read_to_eof(silent))
-            assert reply.status == 408
-            assert trio.current_time() - opened >= server.read_timeout * 0.9
-    # A client that connects and hangs up at once gets nothing and breaks nothing.
-    gone = await trio.open_tcp_stream("127.0.0.1", port)
-    await gone.aclose()
-    assert (await exchange(port, get("/healthz"))).status == 200
-
-
-async def test_http_sheds_connections_over_the_limit() -> None:
-    server = MetricsServer(lambda: b"x 1\n", port=0, read_timeout=1.0, max_connections=1)
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(server.run)
-        with trio.fail_after(5):
-            holder = await trio.open_tcp_stream("127.0.0.1", port)
-            opened = trio.current_time()
-            async with holder:
-                while server.connections < 1:  # the holder is accepted and counted
-                    await trio.sleep(0.001)
-                extra = await trio.open_tcp_stream("127.0.0.1", port)
-                async with extra:
-                    await extra.send_all(get("/healthz"))
-                    # Shed: closed at once without a reply, not queued behind the holder.
-                    assert await read_to_eof(extra) == b""
-                    assert trio.current_time() - opened < server.read_timeout
-                assert parse(await read_to_eof(holder)).status == 408
-            reply = await exchange(port, get("/metrics"))
-            assert (reply.status, reply.body) == (200, b"x 1\n")
-        nursery.cancel_scope.cancel()

@@ -41,6 +41,14 @@ Commands and their ``--json`` documents:
     ``queued`` as a fresh run with a new job (SQL ``task_retry``); failed and manual_review tasks
     also lose ``submitted_at`` and ``upstream_ref``, so the upstream call is made again. Any other
     status is an error (exit 1).
+``tasks resolve ID (--succeeded [--result JSON] | --failed | --resubmit --may-run-twice)
+--reason TEXT [--actor NAME]``
+    ``{"task": TASK}``. Decides a manual_review task (``Engine.resolve``): succeeded with the
+    result found upstream, failed (error code ``resolved_failed``, the reason as message), or
+    resubmitted (queued with a new job; the upstream call is made again, so it may run twice:
+    ``--may-run-twice`` confirms). Recorded as a ``task.resolved`` / ``task.resubmitted`` event
+    with the actor (default ``user@host``) and the reason. A task not in manual_review is an
+    error (exit 1), and nothing changes.
 ``jobs list [--state S] [--queue Q] [--limit N]``
     ``{"jobs": [{"id", "state", "kind", "queue", "priority", "attempt", "max_attempts", "args",
     "tags", "metadata", "errors", "scheduled_at", "created_at", "attempted_at",
@@ -71,7 +79,9 @@ from __future__ import annotations
 
 import argparse
 import enum
+import getpass
 import json
+import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -100,6 +110,7 @@ __all__ = [
     "CommandFn",
     "EngineCommand",
     "add_inspect_commands",
+    "default_actor",
     "dumps",
     "event_json",
     "format_table",
@@ -710,6 +721,48 @@ async def _cmd_tasks_retry(eng: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def default_actor() -> str:
+    """Who runs this command, for the events it records: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+async def _cmd_tasks_resolve(eng: Engine, args: argparse.Namespace) -> int:
+    if args.resubmit and not args.may_run_twice:
+        raise TaskError(
+            "resubmitting a manual_review task makes the upstream call again, so the work may "
+            "run upstream twice; check upstream first, then pass --may-run-twice to confirm"
+        )
+    if args.result is not None and not args.succeeded:
+        raise TaskError("--result goes only with --succeeded")
+    task = await eng.resolve(
+        args.id,
+        succeeded=args.succeeded,
+        result=args.result,
+        failed=args.failed,
+        resubmit=args.resubmit,
+        reason=args.reason,
+        actor=args.actor or default_actor(),
+    )
+    if args.json:
+        print(dumps({"task": task_json(task)}))
+    elif args.resubmit:
+        print(f"task {task.id}: resubmitted (queued, job {task.river_job_id})")
+    else:
+        print(f"task {task.id}: marked {task.status.value}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------
 # jobs and queues
 
@@ -985,7 +1038,7 @@ def add_inspect_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     """
     _leaf(commands, "status", _cmd_status, "capacity, instances, queues, task counts, the leader")
 
-    tasks = _group(commands, "tasks", "list, show, cancel and retry tasks")
+    tasks = _group(commands, "tasks", "list, show, cancel, retry and resolve tasks")
     tasks_list = _leaf(tasks, "list", _cmd_tasks_list, "list tasks, newest first")
     tasks_list.add_argument("--status", choices=[s.value for s in TaskStatus])
     tasks_list.add_argument("--model", metavar="M")
@@ -996,6 +1049,31 @@ def add_inspect_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         ("retry", _cmd_tasks_retry, "queue a failed, cancelled or manual_review task again"),
     ]:
         _leaf(tasks, name, command, text).add_argument("id", type=task_id_arg, metavar="ID")
+    resolve = _leaf(
+        tasks,
+        "resolve",
+        _cmd_tasks_resolve,
+        "decide a manual_review task: mark it succeeded or failed, or resubmit it",
+    )
+    resolve.add_argument("id", type=task_id_arg, metavar="ID")
+    decision = resolve.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--succeeded", action="store_true", help="mark it succeeded")
+    decision.add_argument("--failed", action="store_true", help="mark it failed")
+    decision.add_argument(
+        "--resubmit",
+        action="store_true",
+        help="queue it again: the upstream call is made again (needs --may-run-twice)",
+    )
+    resolve.add_argument(
+        "--result", type=_json_arg, metavar="JSON", help="the result, with --succeeded"
+    )
+    resolve.add_argument("--reason", required=True, help="why (recorded in the task's events)")
+    resolve.add_argument("--actor", help="who decides (default: user@host)")
+    resolve.add_argument(
+        "--may-run-twice",
+        action="store_true",
+        help="confirm that a resubmitted task may run upstream twice",
+    )
 
     jobs = _group(commands, "jobs", "inspect queue jobs")
     jobs_list = _leaf(jobs, "list", _cmd_jobs_list, "list jobs, newest first")

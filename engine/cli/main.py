@@ -115,6 +115,7 @@ EXIT_INTERRUPTED: Final = 130
 _EPILOG: Final = f"""\
 commands:
   run                 run the engine (the default): migrate, then work until SIGINT/SIGTERM
+  dashboard           serve the web dashboard alone against the database (no execution)
   migrate             apply pending database migrations and report them
   db start            start the embedded PostgreSQL server and keep it up; print its URL
   db stop             stop the embedded server (unless `engine run` still uses it)
@@ -122,7 +123,7 @@ commands:
   db url              print a psql-ready URL of the engine database
   status              capacity, instances, queues, task counts and the leader
   submit --model M    submit tasks (--count N, --payload JSON, --follow to watch them)
-  tasks list|show|cancel|retry   inspect and control tasks
+  tasks list|show|cancel|retry|resolve   inspect and control tasks
   jobs list           list queue jobs
   queue pause|resume NAME        stop or restart fetching from a queue everywhere
   models list|set     the model catalogue and its concurrency limits
@@ -208,12 +209,14 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a tenth of the work, for smoke tests")
     # Imported here: these modules use this one's exit codes. Their leaf commands store their
     # runner as ``cli_run``, which _dispatch calls.
+    from engine.cli.dashboard import add_dashboard_command
     from engine.cli.demo import add_demo_command
     from engine.cli.inspect import add_inspect_commands
     from engine.cli.submit import add_submit_command
 
     add_submit_command(commands)
     add_demo_command(commands)
+    add_dashboard_command(commands)
     add_inspect_commands(commands)
     return parser
 
@@ -292,10 +295,13 @@ async def _until_signal(body: Callable[[_Shutdown], Awaitable[None]]) -> str | N
 
 
 def service_config(config: EngineConfig) -> EngineConfig:
-    """The configuration as the command line's service runs it: metrics on unless
-    ``metrics.enabled`` says otherwise (an embedded engine has them off unless it says on)."""
+    """The configuration as the command line's service runs it: metrics and the dashboard on
+    unless ``metrics.enabled`` / ``dashboard.enabled`` say otherwise (an embedded engine has
+    them off unless it says on)."""
     if config.metrics.enabled is None:
-        return attrs.evolve(config, metrics=attrs.evolve(config.metrics, enabled=True))
+        config = attrs.evolve(config, metrics=attrs.evolve(config.metrics, enabled=True))
+    if config.dashboard.enabled is None:
+        config = attrs.evolve(config, dashboard=attrs.evolve(config.dashboard, enabled=True))
     return config
 
 
@@ -315,6 +321,8 @@ async def start_service(
         await install_demo_catalogue(eng)
     if eng.metrics_url is not None:
         print(f"engine: metrics at {eng.metrics_url}", flush=True)
+    if eng.dashboard_url is not None:
+        print(f"engine: dashboard at {eng.dashboard_url}", flush=True)
     return eng
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "default_data_dir",
     "embedded_server",
     "find_bindir",
+    "revive",
     "status",
     "stop",
     "url",
@@ -304,6 +305,25 @@ def stop(data_dir: str | os.PathLike[str]) -> str:
             )
         _pg_ctl_stop(layout, state)
         return f"stopped the embedded PostgreSQL server in {layout.data_dir} (port {probe.port})."
+
+
+def revive(data_dir: str | os.PathLike[str]) -> tuple[int, str] | None:
+    """Start the server in ``data_dir`` again if it stopped under its holders (killed, a full
+    disk, a crash); None if it answers. Otherwise (its port, the tail of its log before the
+    start: why it stopped). Blocking.
+
+    It comes back on the port it had when that port is free, so holders' URLs stay valid.
+
+    Raises:
+        EmbeddedPostgresError: it could not be started (the message has the log's tail).
+    """
+    layout = _Layout.of(data_dir)
+    with _locked(layout):
+        state = _read_state(layout)
+        if _probe(layout, state, answer_wait=_ANSWER_WAIT).answering:
+            return None
+        why = _log_tail(layout)
+        return _ensure_running(layout, state, unsafe_fast=False), why
 
 
 def restart(data_dir: str | os.PathLike[str]) -> None:

@@ -10,6 +10,15 @@ A provider runs a task in four steps, each its own phase for load accounting::
 The engine records that a submission is about to happen *before* calling :meth:`submit` and the
 reference right after it returns, so a crash in between is always detected: such a task goes to
 manual review and is never submitted twice.
+
+Two answers of :meth:`Provider.submit` say more than "ambiguous": :class:`NotSubmitted` (the
+request never reached the upstream, or the upstream refused it for now without accepting it:
+the engine submits again after a wait) and its kind :class:`UpstreamBusy` (429 or 503 with
+``Retry-After``: the engine also holds back every other submission of the model in this
+process for that long). A provider whose upstream recognises a repeated submission (an
+idempotency key derived from the task) declares ``idempotent_submit = True``
+(:func:`submits_idempotently`): the engine then retries an ambiguous submission instead of
+sending the task to manual review.
 """
 
 from __future__ import annotations
@@ -20,7 +29,15 @@ import attrs
 
 from engine.tasks.models import Task
 
-__all__ = ["AmbiguousSubmission", "PollResult", "Provider", "ProviderError"]
+__all__ = [
+    "AmbiguousSubmission",
+    "NotSubmitted",
+    "PollResult",
+    "Provider",
+    "ProviderError",
+    "UpstreamBusy",
+    "submits_idempotently",
+]
 
 
 class ProviderError(Exception):
@@ -34,7 +51,32 @@ class ProviderError(Exception):
 class AmbiguousSubmission(Exception):
     """The submission may or may not have reached the upstream (e.g. the response was lost).
 
-    The task goes to manual review: submitting again could run it twice upstream.
+    The task goes to manual review: submitting again could run it twice upstream (unless the
+    provider submits idempotently, see :func:`submits_idempotently`).
+    """
+
+
+class NotSubmitted(Exception):
+    """The request did not reach the upstream, or the upstream refused it for now without
+    accepting it (a connection refused, a name that did not resolve, HTTP 408): nothing runs
+    upstream, so submitting again is safe.
+
+    Only :meth:`Provider.submit` may raise it. The engine submits again after ``retry_after``
+    seconds (its own backoff when None), within the run, for up to the runner's
+    ``submit_patience``; after that the task fails with ``code: upstream_unavailable``.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UpstreamBusy(NotSubmitted):
+    """The upstream is rate limiting or overloaded (HTTP 429 or 503): nothing was accepted.
+
+    Besides waiting ``retry_after`` seconds itself, the engine holds back every submission of
+    the task's model in this process until then, so a storm of 429s slows the model down
+    instead of failing its tasks.
     """
 
 
@@ -48,9 +90,21 @@ class PollResult:
     progress: float | None = None
 
 
+def submits_idempotently(provider: object) -> bool:
+    """True when ``provider`` declares ``idempotent_submit = True``: calling ``submit`` again for
+    the same task returns the upstream job of the first call instead of starting another (an
+    idempotency key derived from the task id, the same across attempts and instances). Then an
+    ambiguous submission is submitted again rather than sent to manual review. An optional
+    attribute, so that providers written before it need no change."""
+    return getattr(provider, "idempotent_submit", False) is True
+
+
 @runtime_checkable
 class Provider(Protocol):
-    """What the engine needs from an upstream integration."""
+    """What the engine needs from an upstream integration.
+
+    Optional: ``idempotent_submit: bool`` (see :func:`submits_idempotently`).
+    """
 
     #: Seconds between polls.
     poll_interval: float
@@ -64,6 +118,8 @@ class Provider(Protocol):
         Raises:
             ProviderError: the upstream refused it (nothing runs upstream).
             AmbiguousSubmission: it is unknown whether the upstream accepted it.
+            NotSubmitted: it did not reach the upstream, or was refused for now; submit again
+                later (``UpstreamBusy``: the upstream asked the model to slow down).
         """
 
     async def poll(self, task: Task, upstream_ref: str) -> PollResult:

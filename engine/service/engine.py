@@ -28,6 +28,7 @@ from engine.queue.client import QueueClient
 from engine.service.health import Health
 from engine.tasks.models import Task, TaskEvent, TaskRequest, TaskStatus
 from engine.tasks.notices import CANCEL_CHANNEL, TaskNotices
+from engine.tasks.review import Decision, resolve_task
 from engine.tasks.runner import LeaseKeeper, TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 from engine.tasks.submit import submit_tasks
@@ -91,6 +92,8 @@ class Engine:
         self.load = load
         #: Where the metrics are served (None when ``metrics.enabled`` is off).
         self.metrics_url: str | None = None
+        #: Where the dashboard is served (None when ``dashboard.enabled`` is off).
+        self.dashboard_url: str | None = None
 
     @property
     def simulated(self) -> Provider:
@@ -240,6 +243,46 @@ class Engine:
         if current is None:
             raise TaskNotFound(f"no task {task_id}")
         return current
+
+    async def resolve(
+        self,
+        task_id: uuid.UUID,
+        *,
+        succeeded: bool = False,
+        result: Any = None,
+        failed: bool = False,
+        resubmit: bool = False,
+        reason: str,
+        actor: str,
+    ) -> Task:
+        """Decide a task in manual review (:mod:`engine.tasks.review`); return it as committed.
+
+        Exactly one of ``succeeded=True`` (with the ``result`` found upstream), ``failed=True``
+        (error code ``resolved_failed``, message ``reason``) or ``resubmit=True`` (queued again
+        with a new job: the upstream call is made again, so the work **may run upstream
+        twice**). The decision is recorded as a ``task.resolved`` or ``task.resubmitted``
+        event with ``actor`` and ``reason``.
+
+        Raises:
+            ValueError: not exactly one decision, an empty ``reason`` or ``actor``, or a
+                ``result`` without ``succeeded``.
+            TaskNotFound: no such task.
+            ReviewConflict: the task is not in manual review (any more); nothing changed.
+        """
+        chosen = [
+            d
+            for d, on in (
+                (Decision.SUCCEEDED, succeeded),
+                (Decision.FAILED, failed),
+                (Decision.RESUBMIT, resubmit),
+            )
+            if on
+        ]
+        if len(chosen) != 1:
+            raise ValueError("choose exactly one of succeeded=True, failed=True, resubmit=True")
+        return await resolve_task(
+            self, task_id, chosen[0], reason=reason, actor=actor, result=result
+        )
 
     async def set_model(
         self,

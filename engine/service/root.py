@@ -15,7 +15,8 @@ signal handling, the demo catalogue and what it prints::
         │   ├── lease keeper        renews this process's task leases, one UPDATE per round
         │   └── elector [worker]    while leader: scheduler, cleaner, periodic schedules
         └── control layer           each sibling supervised: restarted from a fresh state
-            ├── metrics server      /metrics, /healthz, /readyz (if metrics.enabled)
+            ├── http server         /metrics, /healthz, /readyz, the dashboard (if
+            │                       metrics.enabled or dashboard.enabled)
             ├── load sampler [worker]
             ├── recovery            interrupted tasks, orphaned jobs, lost tasks
             ├── admission           dispatcher (waiting tasks into free scope slots), reaper
@@ -48,6 +49,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import attrs
 import trio
@@ -61,13 +63,14 @@ from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
 from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact
-from engine.db.resolve import migrate_databases, open_urls
+from engine.db.resolve import embedded_data_dir, external_urls, migrate_databases, open_urls
 from engine.db.sqlfiles import QUERIES
+from engine.db.watch import watch_embedded
 from engine.errors import ConfigError, leaves
 from engine.load.controller import LoadController, LoadThresholds
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
-from engine.metrics import Metrics, MetricsServer
+from engine.metrics import Metrics
 from engine.providers.app import check_providers, load_app, open_providers
 from engine.providers.base import Provider
 from engine.providers.simulated import SimulatedProvider
@@ -86,6 +89,7 @@ from engine.tasks.jobs import TaskRunArgs, model_claim_filter
 from engine.tasks.notices import TaskNotices
 from engine.tasks.runner import LeaseKeeper, TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
+from engine.web.service import http_server
 
 __all__ = ["open", "serve"]
 
@@ -252,6 +256,8 @@ async def _serve_once(
         if providers is None and config.app is not None and worker:
             providers = await stack.enter_async_context(open_providers(load_app(config.app)))
         served = check_providers(providers or {})
+        # The embedded server is ours to keep up only when we started it from the config.
+        external = urls is not None or external_urls(config) is not None
         if urls is None:
             urls = await stack.enter_async_context(open_urls(config))
         db = await stack.enter_async_context(
@@ -281,6 +287,7 @@ async def _serve_once(
             worker=worker,
             control=control,
             schedules=every_schedule,
+            watch=None if external else embedded_data_dir(config),
             on_started=on_started,
         )
 
@@ -412,14 +419,25 @@ async def _run_tree(
     worker: bool,
     control: bool,
     schedules: Sequence[Schedule],
+    watch: Path | None,
     on_started: Callable[[Engine], None],
 ) -> None:
-    """Start both layers in order, hand back the engine, and stop them in order."""
+    """Start both layers in order, hand back the engine, and stop them in order. ``watch``:
+    the embedded server's data directory, kept up by a watcher (None: not ours)."""
     config = engine.config
     records, controls = _Layer("records"), _Layer("control")
     async with trio.open_nursery() as root:
         try:
             services = await root.start(records.run)
+            if watch is not None:
+                await services.start(
+                    functools.partial(
+                        watch_embedded,
+                        watch,
+                        interval=config.database.embedded_check_interval,
+                        on_state=lambda up: engine.health.mark("database", up),
+                    )
+                )
             await services.start(engine.event_writer.run)
             await services.start(engine.queue.run_completer)
             await services.start(engine.queue.run_notifier)
@@ -469,13 +487,27 @@ async def _run_tree(
 async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool) -> None:
     """Start the control layer's siblings in order, each under :func:`supervise`."""
     config, db, metrics, health = engine.config, engine.db, engine.metrics, engine.health
-    if config.metrics.enabled:
-        server = MetricsServer(
-            metrics, host=config.metrics.host, port=config.metrics.port, ready=health.ready
+    if config.metrics.enabled or config.dashboard.enabled:
+        # One HTTP server: /metrics (if metrics.enabled), /healthz, /readyz and the dashboard
+        # (if dashboard.enabled); refused off loopback without the dashboard's credentials.
+        server = http_server(
+            engine,
+            metrics=bool(config.metrics.enabled),
+            dashboard=bool(config.dashboard.enabled),
         )
         port = await nursery.start(supervise, "metrics", lambda: server.run, health)
-        engine.metrics_url = f"http://{config.metrics.host}:{port}/metrics"
-        log.info("metrics served", extra={"event": "metrics_started", "url": engine.metrics_url})
+        base = f"http://{config.metrics.host}:{port}"
+        if config.metrics.enabled:
+            engine.metrics_url = f"{base}/metrics"
+            log.info(
+                "metrics served", extra={"event": "metrics_started", "url": engine.metrics_url}
+            )
+        if config.dashboard.enabled:
+            engine.dashboard_url = f"{base}/"
+            log.info(
+                "dashboard served",
+                extra={"event": "dashboard_started", "url": engine.dashboard_url},
+            )
     sampler: LoadSamplerService | None = None
     if worker and engine.load is not None:
         sampler = LoadSamplerService(

@@ -18,6 +18,11 @@ The job handler, row by row (each row is a test in ``engine_tests/tasks/test_run
 | 6  | the lease is held by another live token     | completed                                    |
 | 7  | ambiguous upstream submission, or the       | completed; task in manual_review             |
 |    | provider's own exception in ``submit``      |                                              |
+| 7a | as 7, from a provider that submits          | submitted again in the run, same key, up to  |
+|    | idempotently (``idempotent_submit``)        | ``ambiguous_resubmits`` times; then as 7     |
+| 7b | ``submit`` raises NotSubmitted or           | submitted again in the run after the delay   |
+|    | UpstreamBusy (nothing reached the upstream) | (busy: the model is held back); after        |
+|    |                                             | ``submit_patience``: failed                  |
 | 8  | the task is queued with a delay (not due,   | snooze(delay)                                |
 |    | or a scope's rate limit is spent)           |                                              |
 | 9  | hard stop (cancelled)                       | task requeued (shielded), job available now  |
@@ -43,12 +48,13 @@ attempt its claim counted given back, so an instance that serves the model runs 
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import trio
 
@@ -65,7 +71,15 @@ from engine.errors import (
 )
 from engine.load.controller import LoadController, LoadLease, Phase
 from engine.load.retry_delay import worker_load_retry_delay
-from engine.providers.base import AmbiguousSubmission, Provider, ProviderError
+from engine.providers.base import (
+    AmbiguousSubmission,
+    NotSubmitted,
+    Provider,
+    ProviderError,
+    UpstreamBusy,
+    submits_idempotently,
+)
+from engine.providers.throttle import UpstreamThrottle
 from engine.queue.job import Job, JobSnooze
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
@@ -123,10 +137,21 @@ async def _provider_call(phase: str, call: Callable[..., Awaitable[_T]], *args: 
     """Await ``call(*args)``, a provider method, naming ``phase`` on an exception of its own."""
     try:
         return await call(*args)
+    except NotSubmitted as exc:
+        if phase == "submit":  # an answer of submit; from any other method, its own error
+            raise
+        raise _ProviderCrash(phase, exc) from exc
     except (EngineError, ProviderError, AmbiguousSubmission):
         raise
     except Exception as exc:
         raise _ProviderCrash(phase, exc) from exc
+
+
+def _backoff(first: float, n: int) -> float:
+    """Seconds before the ``n``-th new submission: ``first`` doubling, at most 30 s, plus up
+    to 50 % jitter so runs held back together do not come back together."""
+    base = min(30.0, first * 2.0 ** (n - 1))
+    return base * (1.0 + random.random() * 0.5)
 
 
 class _Run:
@@ -262,6 +287,17 @@ class TaskRunner:
         self._handed_back: OrderedDict[uuid.UUID, None] = OrderedDict()
         #: Seconds a stop waits for an upstream submission already under way to answer.
         self.submit_grace = 10.0
+        #: Seconds a run keeps submitting again after NotSubmitted / UpstreamBusy answers (the
+        #: request never reached the upstream) before the task fails ``upstream_unavailable``.
+        self.submit_patience = 600.0
+        #: How many times a run submits again, with the same idempotency key, after an
+        #: ambiguous answer from a provider that submits idempotently; then manual review.
+        self.ambiguous_resubmits = 3
+        #: First backoff in seconds between those submissions (doubled each time, capped at
+        #: 30 s, with up to 50 % jitter).
+        self.resubmit_backoff = 0.5
+        #: Models whose upstream answered "busy" (429, 503): their submissions wait here.
+        self.upstream_busy = UpstreamThrottle()
         self.scopes = ScopeCatalog(store.pool, catalog)
         #: Called with each outcome this process records (metrics count them).
         self.on_finished: Callable[[TaskStatus], None] | None = None
@@ -582,51 +618,7 @@ class TaskRunner:
             if ref is None:
                 prepared = await _provider_call("prepare", provider.prepare, task)
                 phase_started = self._phase_done("preparing", phase_started)
-                if not await self._durably(
-                    "mark_submitting", lambda: self.store.mark_submitting(task.id, token)
-                ):
-                    raise LeaseUnavailable()
-                await self._enter(lease, Phase.WAITING_UPSTREAM)
-                try:
-                    # A stop that arrives mid-call waits for the answer (bounded): cut off here,
-                    # the submission would be ambiguous and the task would need a human. A
-                    # user's cancel still interrupts it (the execution's own scope).
-                    with trio.CancelScope(shield=True) as grace:
-                        grace.deadline = trio.current_time() + self.submit_grace
-                        with execution.cancel_guard():
-                            ref = await _provider_call("submit", provider.submit, task, prepared)
-                    if grace.cancelled_caught:
-                        raise AmbiguousSubmission(
-                            f"no answer from the upstream within {self.submit_grace} s of a stop"
-                        )
-                    if ref is None:
-                        # The user's cancel cut the call short: deliver it (the execution
-                        # scope is cancelled, so this checkpoint raises).
-                        await trio.lowlevel.checkpoint()
-                        raise AmbiguousSubmission("the upstream call was cut short")
-                except AmbiguousSubmission as exc:
-                    await self._finish(
-                        task,
-                        token,
-                        TaskStatus.MANUAL_REVIEW,
-                        error={"code": "ambiguous_submission", "message": str(exc)},
-                    )
-                    raise ManualReview() from exc
-                except _ProviderCrash as crash:
-                    # Not a refusal (that is a ProviderError): the call may have reached the
-                    # upstream before it raised, e.g. while reading the answer. submitted_at is
-                    # recorded, so this is the ambiguous case, as if the answer were lost:
-                    # manual review, never a resubmission and never "failed" (which would say
-                    # nothing runs upstream).
-                    await self._finish(
-                        task,
-                        token,
-                        TaskStatus.MANUAL_REVIEW,
-                        error=crash.error(
-                            "ambiguous_submission", " (the upstream may have received it)"
-                        ),
-                    )
-                    raise ManualReview() from crash
+                ref = await self._submit(task, token, lease, execution, provider, prepared)
                 execution.upstream_ref = ref
                 # The reference lives only in this process until it is written: a database
                 # blip here must not turn a known submission into a lost one.
@@ -674,6 +666,127 @@ class TaskRunner:
             )
             return
         await self._finish(task, token, TaskStatus.SUCCEEDED, result=result)
+
+    async def _submit(
+        self,
+        task: Task,
+        token: uuid.UUID,
+        lease: LoadLease | None,
+        execution: _Execution,
+        provider: Provider,
+        prepared: Any,
+    ) -> str:
+        """Make the upstream call and return the upstream's reference.
+
+        ``submitted_at`` is recorded before each call. ``NotSubmitted`` (nothing reached the
+        upstream) submits again after its ``retry_after`` or a backoff, for up to
+        ``submit_patience`` seconds, then fails the task (``upstream_unavailable``);
+        ``UpstreamBusy`` also holds back every submission of the model in this process for
+        that long (``upstream_busy``). An ambiguous answer (``AmbiguousSubmission``, or the
+        provider's own exception) sends the task to manual review, unless the provider submits
+        idempotently: then it is submitted again, with the same key, up to
+        ``ambiguous_resubmits`` times first (never while the run is being stopped).
+        """
+        patience_ends = trio.current_time() + self.submit_patience
+        refusals = resubmits = 0
+        while True:
+            await self._enter(lease, Phase.WAITING_UPSTREAM)
+            pause = 0.0
+            # Entered before submitted_at is written: a run stopped while the model is held
+            # back goes back to the queue as if it had never tried.
+            async with self.upstream_busy.submission(task.model) as gate:
+                if not await self._durably(
+                    "mark_submitting", lambda: self.store.mark_submitting(task.id, token)
+                ):
+                    raise LeaseUnavailable()
+                stopping = False
+                try:
+                    # A stop that arrives mid-call waits for the answer (bounded): cut off
+                    # here, the submission would be ambiguous and the task would need a human.
+                    # A user's cancel still interrupts it (the execution's own scope).
+                    ref: str | None = None
+                    with trio.CancelScope(shield=True) as grace:
+                        grace.deadline = trio.current_time() + self.submit_grace
+                        with execution.cancel_guard():
+                            ref = await _provider_call("submit", provider.submit, task, prepared)
+                    if grace.cancelled_caught:
+                        stopping = True
+                        raise AmbiguousSubmission(
+                            f"no answer from the upstream within {self.submit_grace} s of a stop"
+                        )
+                    if ref is None:
+                        # The user's cancel cut the call short: deliver it (the execution
+                        # scope is cancelled, so this checkpoint raises).
+                        await trio.lowlevel.checkpoint()
+                        raise AmbiguousSubmission("the upstream call was cut short")
+                    return ref
+                except NotSubmitted as refused:
+                    refusals += 1
+                    busy = isinstance(refused, UpstreamBusy)
+                    delay = refused.retry_after
+                    if delay is None:
+                        delay = _backoff(self.resubmit_backoff, refusals)
+                    if trio.current_time() + delay > patience_ends:
+                        raise ProviderError(
+                            f"the upstream did not take the request for "
+                            f"{self.submit_patience:g} s: {refused}",
+                            code="upstream_unavailable",
+                        ) from refused
+                    if busy:
+                        gate.busy(delay)  # the next submission waits for the hold
+                    else:
+                        pause = delay
+                    self.emit(
+                        task,
+                        "task.not_submitted",
+                        status="running",
+                        phase="waiting_upstream",
+                        message=str(refused),
+                        payload={"busy": busy, "delay": delay, "refusals": refusals},
+                    )
+                except (AmbiguousSubmission, _ProviderCrash) as exc:
+                    if (
+                        stopping
+                        or resubmits >= self.ambiguous_resubmits
+                        or not submits_idempotently(provider)
+                    ):
+                        await self._manual_review_after_submit(task, token, exc)
+                    # The upstream recognises the repeat by its idempotency key: the second
+                    # call returns the job of the first if it had been accepted.
+                    resubmits += 1
+                    pause = _backoff(self.resubmit_backoff, resubmits)
+                    self.emit(
+                        task,
+                        "task.resubmitting",
+                        status="running",
+                        phase="waiting_upstream",
+                        message=str(exc),
+                        payload={"resubmits": resubmits, "delay": pause},
+                    )
+                    log.info(
+                        "ambiguous submission; submitting again with the same idempotency key",
+                        extra={
+                            "event": "task_resubmitting",
+                            "task_id": str(task.id),
+                            "resubmits": resubmits,
+                        },
+                    )
+            await trio.sleep(pause)  # outside the gate: a probe's wait holds nobody else
+
+    async def _manual_review_after_submit(
+        self, task: Task, token: uuid.UUID, exc: AmbiguousSubmission | _ProviderCrash
+    ) -> NoReturn:
+        """Record an ambiguous submission: manual review (row 7)."""
+        if isinstance(exc, _ProviderCrash):
+            # Not a refusal (that is a ProviderError): the call may have reached the upstream
+            # before it raised, e.g. while reading the answer. submitted_at is recorded, so
+            # this is the ambiguous case, as if the answer were lost: manual review, never a
+            # resubmission and never "failed" (which would say nothing runs upstream).
+            error = exc.error("ambiguous_submission", " (the upstream may have received it)")
+        else:
+            error = {"code": "ambiguous_submission", "message": str(exc)}
+        await self._finish(task, token, TaskStatus.MANUAL_REVIEW, error=error)
+        raise ManualReview() from exc
 
     def _phase_done(self, phase: str, started: float) -> float:
         now = trio.current_time()

@@ -25,7 +25,7 @@ from engine.errors import DatabaseError
 from engine.tasks.jsoncheck import json_problem
 from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
 
-__all__ = ["EventWriter", "TaskStore"]
+__all__ = ["EventWriter", "TaskStore", "storable_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,25 @@ _WRITE_TIMEOUT = 10.0
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def storable_outcome(
+    status: TaskStatus, result: Any, error: dict[str, Any] | None
+) -> tuple[TaskStatus, str | None, str | None]:
+    """An outcome as it is written: (status, result as jsonb text, error as jsonb text).
+
+    A result PostgreSQL would refuse (not JSON, NaN, a NUL, a lone surrogate) makes the task
+    fail with ``result_not_storable``, for this task alone: it must not fail the batch it
+    would be written with. An error that cannot be stored is stored as its ``repr``.
+    """
+    result_text, problem = _storable(result)
+    if problem is not None:
+        status, result_text = TaskStatus.FAILED, None
+        error = {"code": "result_not_storable", "message": f"the provider's result {problem}"}
+    error_text, problem = _storable(error)
+    if problem is not None:
+        error_text = json.dumps({"code": (error or {}).get("code"), "message": repr(error)})
+    return status, result_text, error_text
 
 
 def _storable(value: Any) -> tuple[str | None, str | None]:
@@ -152,15 +171,7 @@ class TaskStore:
 
         Runs shielded: the outcome already happened and must be recorded.
         """
-        result_text, problem = _storable(result)
-        if problem is not None:
-            # The outcome is recorded, for this task alone: a result PostgreSQL would refuse
-            # must not fail the batch it would be written with.
-            status, result_text = TaskStatus.FAILED, None
-            error = {"code": "result_not_storable", "message": f"the provider's result {problem}"}
-        error_text, problem = _storable(error)
-        if problem is not None:
-            error_text = json.dumps({"code": (error or {}).get("code"), "message": repr(error)})
+        status, result_text, error_text = storable_outcome(status, result, error)
         with trio.CancelScope(shield=True):
             done = await self._finish.submit(
                 (task_id, token, status.value, result_text, error_text)

@@ -14,7 +14,9 @@ runs, and each answer and exception maps to the outcome the engine records, by t
 | raises its own exception in submit             | ``manual_review`` (it may have arrived)     |
 | raises its own exception in prepare, poll or   | ``failed``, code ``provider_exception``,    |
 | finalize                                       | naming the type and the phase               |
-| anything else (a result that is not JSON, …)   | ``failed``, code ``internal_error``         |
+| finalizes a result the database cannot store   | ``failed``, code ``result_not_storable``    |
+| (not JSON, NaN, a NUL character)               |                                             |
+| anything else                                  | ``failed``, code ``internal_error``         |
 
 A task given with an ``upstream_ref`` resumes polling (no prepare, no submit), and one with
 ``submitted_at`` but no reference goes to manual review without any provider call, as a run
@@ -40,7 +42,7 @@ from engine.queue.states import JobState
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskPhase, TaskStatus
 from engine.tasks.runner import LeaseKeeper, TaskRunner
-from engine.tasks.store import EventWriter, TaskStore
+from engine.tasks.store import EventWriter, TaskStore, storable_outcome
 from engine.testing.factories import make_task
 
 __all__ = ["run_provider"]
@@ -61,12 +63,6 @@ class _NoDatabase:
 
 
 _NO_DATABASE = cast(Pool, _NoDatabase())
-
-
-def _json(value: Any) -> Any:
-    # The database stores results and errors as JSON: a value comes back as JSON reads it,
-    # and one JSON cannot encode fails the run as it does there.
-    return None if value is None else json.loads(json.dumps(value, separators=(",", ":")))
 
 
 class _MemoryStore(TaskStore):
@@ -145,12 +141,14 @@ class _MemoryStore(TaskStore):
         await trio.lowlevel.cancel_shielded_checkpoint()
         if not self._holds(task_id, token):
             return False
+        # What the database would store: an unstorable result fails the task, as there.
+        status, result_text, error_text = storable_outcome(status, result, error)
         self._update(
             status=status,
             phase=None,
             progress=1.0 if status is TaskStatus.SUCCEEDED else self.task.progress,
-            result=_json(result),
-            error=_json(error),
+            result=None if result_text is None else json.loads(result_text),
+            error=None if error_text is None else json.loads(error_text),
             execution_token=None,
             lease_expires_at=None,
             finished_at=datetime.now(UTC),

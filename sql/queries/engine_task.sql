@@ -444,3 +444,61 @@ FOR UPDATE OF t SKIP LOCKED;
 -- Which of these task ids exist (a schedule skips a period whose task is already there).
 -- $1: ids.
 SELECT id FROM engine_task WHERE id = ANY($1::uuid[]);
+
+-- name: task_page
+-- A page of tasks for the dashboard, newest first, walking engine_task_created_index: optional
+-- filters $1 status, $2 model, $3 tenant_id, $4 group_key, $5 created at or after, $6 created
+-- before; the cursor is the last row of the previous page, $7 created_at and $8 id (NULL: the
+-- first page); at most $9 rows.
+SELECT *
+FROM engine_task
+WHERE created_at <= coalesce($7::timestamptz, $6::timestamptz, 'infinity'::timestamptz)
+  AND ($6::timestamptz IS NULL OR created_at < $6)
+  AND ($7::timestamptz IS NULL OR created_at < $7 OR (created_at = $7 AND id < $8::uuid))
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR model = $2)
+  AND ($3::text IS NULL OR tenant_id = $3)
+  AND ($4::text IS NULL OR group_key = $4)
+ORDER BY created_at DESC, id DESC
+LIMIT $9;
+
+-- name: task_page_manual_review
+-- The dashboard's manual-review list, newest first, from the partial index
+-- engine_task_review_index; cursor $1 created_at and $2 id of the previous page's last
+-- row (NULL: the first page); at most $3 rows.
+SELECT *
+FROM engine_task
+WHERE status = 'manual_review'
+  AND created_at <= coalesce($1::timestamptz, 'infinity'::timestamptz)
+  AND ($1::timestamptz IS NULL OR created_at < $1 OR (created_at = $1 AND id < $2::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $3;
+
+-- name: task_find_by_upstream_ref
+-- Tasks with upstream reference $1 created at or after $2, newest first, at most $3. There is
+-- no index on upstream_ref on purpose (recording it stays a HOT update): the created_at range
+-- bounds the scan.
+SELECT *
+FROM engine_task
+WHERE created_at >= $2 AND upstream_ref = $1
+ORDER BY created_at DESC
+LIMIT $3;
+
+-- name: task_count_live_by_model
+-- Queued and running tasks per model and status, from engine_task_live_index.
+SELECT model, status, count(*) AS n
+FROM engine_task
+WHERE status IN ('queued', 'running')
+GROUP BY model, status
+ORDER BY model, status;
+
+-- name: task_finished_per_minute
+-- Tasks finished per minute and status over the last $2 seconds, among the tasks created in
+-- the last $1 seconds (the created_at range keeps it on engine_task_created_index).
+SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
+FROM engine_task
+WHERE created_at >= now() - make_interval(secs => $1::double precision)
+  AND finished_at >= now() - make_interval(secs => $2::double precision)
+GROUP BY 1, 2
+ORDER BY 1, 2;

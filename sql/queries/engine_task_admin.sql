@@ -55,3 +55,62 @@ FROM engine_task
 WHERE status = 'queued' AND run_mode = 'live'
 GROUP BY model
 ORDER BY model;
+
+-- name: task_resolve
+-- An operator's decision on a manual_review task: $2 'succeeded' with result $3, or 'failed'
+-- with error $4. Fenced: only a task still in manual_review changes. Records a task.resolved
+-- event whose payload $6 says who decided and why, with message $5. $7 instance id (of the
+-- event). Returns the row, or nothing when the task does not exist or is not in manual_review.
+WITH resolved AS (
+    UPDATE engine_task
+    SET status = $2,
+        phase = NULL,
+        progress = CASE WHEN $2 = 'succeeded' THEN 1 ELSE progress END,
+        result = CASE WHEN $2 = 'succeeded' THEN $3::jsonb END,
+        error = CASE WHEN $2 = 'failed' THEN $4::jsonb END,
+        finished_at = now(),
+        updated_at = now()
+    WHERE id = $1 AND status = 'manual_review' AND $2 IN ('succeeded', 'failed')
+    RETURNING *
+),
+events AS (
+    INSERT INTO engine_task_event (task_id, type, status, progress, message, payload, simulated,
+                                   instance_id)
+    SELECT id, 'task.resolved', status, progress, $5, $6::jsonb, run_mode = 'simulation', $7
+    FROM resolved
+)
+SELECT * FROM resolved;
+
+-- name: task_resubmit
+-- An operator's decision to submit a manual_review task upstream again (it may then run there
+-- twice): back to queued as a fresh run, as task_retry does for it, fenced to manual_review.
+-- Records a task.resubmitted event whose payload $3 says who decided and why, with message $2.
+-- $1 id, $4 instance id (of the event). Returns the row, or nothing when the task does not
+-- exist or is not in manual_review. The caller inserts its job (task_set_job).
+WITH resubmitted AS (
+    UPDATE engine_task
+    SET status = 'queued',
+        phase = NULL,
+        progress = 0,
+        result = NULL,
+        error = NULL,
+        finished_at = NULL,
+        cancel_requested_at = NULL,
+        execution_token = NULL,
+        execution_owner = NULL,
+        lease_expires_at = NULL,
+        started_at = NULL,
+        submitted_at = NULL,
+        upstream_ref = NULL,
+        next_run_at = now(),
+        updated_at = now()
+    WHERE id = $1 AND status = 'manual_review'
+    RETURNING *
+),
+events AS (
+    INSERT INTO engine_task_event (task_id, type, status, progress, message, payload, simulated,
+                                   instance_id)
+    SELECT id, 'task.resubmitted', 'queued', 0, $2, $3::jsonb, run_mode = 'simulation', $4
+    FROM resubmitted
+)
+SELECT * FROM resubmitted;

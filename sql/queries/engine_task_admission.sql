@@ -199,3 +199,18 @@ SELECT (SELECT count(*) FROM gone_admissions) AS admissions,
 -- name: admission_count_waiting
 -- Admissions waiting now.
 SELECT count(*) FROM engine_task_admission WHERE status = 'waiting';
+
+-- name: scope_usage_all
+-- Slots in use and admissions waiting per scope ('model:<name>', 'group:<key>'), for the
+-- dashboard: engine_scope_lease by its primary key, waiting admissions by their partial index.
+SELECT scope, sum(used)::bigint AS used, sum(waiting)::bigint AS waiting
+FROM (
+    SELECT scope, count(*) AS used, 0 AS waiting FROM engine_scope_lease GROUP BY scope
+    UNION ALL
+    SELECT s.scope, 0, count(*)
+    FROM engine_task_admission a, unnest(a.scopes) AS s(scope)
+    WHERE a.status = 'waiting'
+    GROUP BY s.scope
+) x
+GROUP BY scope
+ORDER BY scope;

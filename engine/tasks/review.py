@@ -1,0 +1,152 @@
+"""Manual review: an operator's decision on a task whose upstream submission is unknown.
+
+A task in ``manual_review`` was (or may have been) submitted upstream and the answer was lost,
+so the engine never decides for it. An operator looks upstream and then, with
+:func:`resolve_task`:
+
+- marks it **succeeded** with the result found upstream (``task.resolved``);
+- marks it **failed** with a reason (``task.resolved``, error code ``resolved_failed``);
+- **resubmits** it: back to ``queued`` with a new job, ``submitted_at`` and ``upstream_ref``
+  cleared, so the upstream call is made again and *may run upstream twice*
+  (``task.resubmitted``).
+
+Each decision is one transaction, fenced on the status: a task no longer in manual review (an
+operator or another tab decided first) is refused with :class:`ReviewConflict`, and nothing
+changes. The event's payload records who decided (``actor``) and why (``reason``).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from engine.db.sqlfiles import QUERIES
+from engine.errors import TaskError, TaskNotFound
+from engine.queue.insert import insert_tx, prepare
+from engine.queue.states import JobState
+from engine.tasks.jobs import TaskRunArgs
+from engine.tasks.models import Task, TaskStatus
+from engine.tasks.submit import task_insert_opts
+
+if TYPE_CHECKING:
+    from engine.service.engine import Engine
+
+__all__ = ["RESOLVED_FAILED_CODE", "Decision", "ReviewConflict", "resolve_task"]
+
+_RESOLVE: Final = QUERIES["task_resolve"]
+_RESUBMIT: Final = QUERIES["task_resubmit"]
+_GET: Final = QUERIES["task_get"]
+_SET_JOB: Final = QUERIES["task_set_job"]
+
+#: The ``error.code`` of a task an operator marked failed.
+RESOLVED_FAILED_CODE: Final = "resolved_failed"
+_MAX_REASON: Final = 2000
+_MAX_ACTOR: Final = 200
+
+
+class Decision(enum.StrEnum):
+    """What an operator decided for a manual-review task."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RESUBMIT = "resubmit"
+
+
+class ReviewConflict(TaskError):
+    """The task is not in manual review (any more); the decision was not applied."""
+
+
+def _check_text(name: str, value: str, limit: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string")
+    if len(value) > limit:
+        raise ValueError(f"{name} must be at most {limit} characters")
+    return value.strip()
+
+
+async def resolve_task(
+    engine: Engine,
+    task_id: uuid.UUID,
+    decision: Decision,
+    *,
+    reason: str,
+    actor: str,
+    result: Any = None,
+) -> Task:
+    """Apply ``decision`` to a manual-review task; return the task as committed.
+
+    Args:
+        engine: the open engine.
+        task_id: the task.
+        decision: succeeded (with ``result``), failed, or resubmit.
+        reason: why, in words (required; recorded in the event, and as the error message of a
+            task marked failed).
+        actor: who decided (required; recorded in the event).
+        result: the task's result when marked succeeded (any JSON value).
+
+    Raises:
+        ValueError: an empty ``reason`` or ``actor``, or a ``result`` with another decision.
+        TaskNotFound: no such task.
+        ReviewConflict: the task is not in manual review.
+        TaskError: resubmit found the task's previous job still running.
+    """
+    reason = _check_text("reason", reason, _MAX_REASON)
+    actor = _check_text("actor", actor, _MAX_ACTOR)
+    if result is not None and decision is not Decision.SUCCEEDED:
+        raise ValueError("a result goes only with marking a task succeeded")
+    payload = {"actor": actor, "reason": reason, "decision": decision.value}
+    rollback_timeout = engine.config.worker.enqueue_rollback_timeout
+    async with engine.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
+        if decision is Decision.RESUBMIT:
+            message = f"resubmitted by {actor}: {reason}"
+            row = await conn.fetchrow(_RESUBMIT, task_id, message, payload, engine.instance_id)
+        else:
+            error = (
+                {"code": RESOLVED_FAILED_CODE, "message": reason}
+                if decision is Decision.FAILED
+                else None
+            )
+            message = f"marked {decision.value} by {actor}: {reason}"
+            row = await conn.fetchrow(
+                _RESOLVE,
+                task_id,
+                decision.value,
+                result,
+                error,
+                message,
+                payload,
+                engine.instance_id,
+            )
+        if row is None:
+            current = await conn.fetchrow(_GET, task_id)
+            if current is None:
+                raise TaskNotFound(f"no task {task_id}")
+            raise ReviewConflict(
+                f"task {task_id} is {current['status']}, not manual_review: only a task in "
+                "manual review can be resolved; nothing was changed"
+            )
+        if decision is Decision.RESUBMIT:
+            queue = engine.config.queue
+            params = prepare(
+                TaskRunArgs.for_task(task_id, row["model"], row["run_mode"]),
+                task_insert_opts(queue),
+                kind=queue.job_kind,
+            )
+            (inserted,) = await insert_tx(conn, [params], engine.queue.channels.insert)
+            if inserted.skipped and inserted.job.state is JobState.RUNNING:
+                raise TaskError(
+                    f"task {task_id}: its previous job {inserted.job.id} is still running; "
+                    "resubmit again once it has finished"
+                )
+            await conn.execute(_SET_JOB, task_id, inserted.job.id)
+            # As committed: a worker may claim the resubmitted task at once.
+            return attrs.evolve(Task.from_record(row), river_job_id=inserted.job.id)
+    return Task.from_record(row)
+
+
+def is_reviewable(task: Task) -> bool:
+    """True for a task an operator may resolve now."""
+    return task.status is TaskStatus.MANUAL_REVIEW

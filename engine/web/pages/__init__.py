@@ -1,0 +1,1 @@
+"""The dashboard's pages, one module each; every module gives its routes with ``routes(ctx)``."""
