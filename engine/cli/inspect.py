@@ -96,15 +96,13 @@ from engine.config import EngineConfig
 from engine.db.bridge import Record
 from engine.db.sqlfiles import QUERIES
 from engine.errors import TaskError, TaskNotFound
-from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import Job
 from engine.queue.states import JobState
 from engine.schedules.status import ScheduleState, list_schedules
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskEvent, TaskStatus
-from engine.tasks.submit import task_insert_opts
+from engine.tasks.submit import give_job
 
 __all__ = [
     "CommandFn",
@@ -130,7 +128,6 @@ EngineCommand = Callable[[Engine, argparse.Namespace], Awaitable[int]]
 
 _TASK_GET: Final = QUERIES["task_get"]
 _TASK_RETRY: Final = QUERIES["task_retry"]
-_TASK_SET_JOB: Final = QUERIES["task_set_job"]
 _QUEUE_LIST: Final = QUERIES["queue_list"]
 _LEADER_GET: Final = QUERIES["leader_get"]
 _MODEL_GET: Final = QUERIES["model_get"]
@@ -687,20 +684,16 @@ async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
             if current is None:
                 raise TaskNotFound(f"no task {task_id}")
             raise TaskError(_not_retryable(task_id, TaskStatus(current["status"])))
-        params = prepare(
-            TaskRunArgs.for_task(task_id, row["model"], row["run_mode"]),
-            task_insert_opts(queue),
-            kind=queue.job_kind,
+        job_id = await give_job(
+            conn,
+            task_id,
+            row["model"],
+            row["run_mode"],
+            queue=queue,
+            notify_channel=eng.queue.channels.insert,
+            again="retry",
         )
-        (inserted,) = await insert_tx(conn, [params], eng.queue.channels.insert)
-        if inserted.skipped and inserted.job.state is JobState.RUNNING:
-            # Its previous job is still finishing: that run would not pick the task up again.
-            raise TaskError(
-                f"task {task_id}: its previous job {inserted.job.id} is still running; "
-                "retry again once it has finished"
-            )
-        await conn.execute(_TASK_SET_JOB, task_id, inserted.job.id)
-    return await _get_task(eng, task_id), inserted.job.id
+    return await _get_task(eng, task_id), job_id
 
 
 def _not_retryable(task_id: uuid.UUID, status: TaskStatus) -> str:

@@ -8,6 +8,7 @@ signal handling, the demo catalogue and what it prints::
     ├── trio-asyncio loop, the database (embedded server or URL), pools, migrations, providers
     └── root nursery
         ├── records layer           outlives the control layer, so every outcome is recorded
+        │   ├── embedded watch      restarts the embedded server if it stops (when it is ours)
         │   ├── event writer        task history, buffered (one INSERT per 50 ms or 1,000)
         │   ├── completer           batched job completions; shielded, flushes last
         │   ├── notifier            LISTEN: inserts, job control, leadership

@@ -25,11 +25,8 @@ import attrs
 
 from engine.db.sqlfiles import QUERIES
 from engine.errors import TaskError, TaskNotFound
-from engine.queue.insert import insert_tx, prepare
-from engine.queue.states import JobState
-from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskStatus
-from engine.tasks.submit import task_insert_opts
+from engine.tasks.submit import give_job
 
 if TYPE_CHECKING:
     from engine.service.engine import Engine
@@ -39,7 +36,6 @@ __all__ = ["RESOLVED_FAILED_CODE", "Decision", "ReviewConflict", "resolve_task"]
 _RESOLVE: Final = QUERIES["task_resolve"]
 _RESUBMIT: Final = QUERIES["task_resubmit"]
 _GET: Final = QUERIES["task_get"]
-_SET_JOB: Final = QUERIES["task_set_job"]
 
 #: The ``error.code`` of a task an operator marked failed.
 RESOLVED_FAILED_CODE: Final = "resolved_failed"
@@ -129,21 +125,17 @@ async def resolve_task(
                 "manual review can be resolved; nothing was changed"
             )
         if decision is Decision.RESUBMIT:
-            queue = engine.config.queue
-            params = prepare(
-                TaskRunArgs.for_task(task_id, row["model"], row["run_mode"]),
-                task_insert_opts(queue),
-                kind=queue.job_kind,
+            job_id = await give_job(
+                conn,
+                task_id,
+                row["model"],
+                row["run_mode"],
+                queue=engine.config.queue,
+                notify_channel=engine.queue.channels.insert,
+                again="resubmit",
             )
-            (inserted,) = await insert_tx(conn, [params], engine.queue.channels.insert)
-            if inserted.skipped and inserted.job.state is JobState.RUNNING:
-                raise TaskError(
-                    f"task {task_id}: its previous job {inserted.job.id} is still running; "
-                    "resubmit again once it has finished"
-                )
-            await conn.execute(_SET_JOB, task_id, inserted.job.id)
             # As committed: a worker may claim the resubmitted task at once.
-            return attrs.evolve(Task.from_record(row), river_job_id=inserted.job.id)
+            return attrs.evolve(Task.from_record(row), river_job_id=job_id)
     return Task.from_record(row)
 
 

@@ -16,19 +16,20 @@ from typing import NoReturn
 from engine.config import QueueConfig, TasksConfig
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
-from engine.errors import InvalidTask
+from engine.errors import InvalidTask, TaskError
 from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import InsertOpts
-from engine.queue.states import GATEWAY_UNIQUE_STATES
+from engine.queue.states import GATEWAY_UNIQUE_STATES, JobState
 from engine.queue.unique import UniqueOpts
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.jsoncheck import bad_character, json_problem
 from engine.tasks.models import Identity, TaskRequest
 
-__all__ = ["submit_tasks", "task_insert_opts", "validate_requests"]
+__all__ = ["give_job", "submit_tasks", "task_insert_opts", "validate_requests"]
 
 _MODELS = QUERIES["model_get_many"]
 _INSERT = QUERIES["task_insert_many"]
+_SET_JOB = QUERIES["task_set_job"]
 
 # Unique by task_id alone, as the Go worker's jobs: the model in a live task's args routes the
 # job and must not change its key (a Go client inserting {"task_id"} dedupes against ours).
@@ -186,3 +187,33 @@ async def submit_tasks(
         [j.job.id for j in jobs],
         instance_id,
     )
+
+
+async def give_job(
+    conn: Connection,
+    task_id: uuid.UUID,
+    model: str,
+    run_mode: str,
+    *,
+    queue: QueueConfig,
+    notify_channel: str,
+    again: str,
+) -> int:
+    """Give a task that an operator put back to queued a new job, inside the caller's
+    transaction, and point the task at it; return the job's id.
+
+    Raises:
+        TaskError: the task's previous job is still running (its run would not pick the task
+            up again); ``again`` names what to do again once it finished ("retry").
+    """
+    params = prepare(
+        TaskRunArgs.for_task(task_id, model, run_mode), task_insert_opts(queue), kind=queue.job_kind
+    )
+    (inserted,) = await insert_tx(conn, [params], notify_channel)
+    if inserted.skipped and inserted.job.state is JobState.RUNNING:
+        raise TaskError(
+            f"task {task_id}: its previous job {inserted.job.id} is still running; "
+            f"{again} again once it has finished"
+        )
+    await conn.execute(_SET_JOB, task_id, inserted.job.id)
+    return inserted.job.id
