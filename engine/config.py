@@ -42,6 +42,7 @@ import attrs
 import cattrs
 
 from engine.errors import ConfigError
+from engine.providers.http.description import HttpModel, http_models_from_tables
 from engine.schedules.model import Schedule, duplicate_names, schedule_from_table
 
 __all__ = [
@@ -962,6 +963,14 @@ class EngineConfig:
         factory=DashboardConfig, metadata={"doc": "Web dashboard."}
     )
     logging: LoggingConfig = attrs.field(factory=LoggingConfig, metadata={"doc": "Logging."})
+    http_models: tuple[HttpModel, ...] = attrs.field(
+        default=(),
+        metadata={
+            "doc": "Models served by the HTTP provider kit, as `[[http_models]]` tables of the "
+            "TOML file only (docs/http-providers.md).",
+            "list_of_tables": True,
+        },
+    )
     schedules: tuple[Schedule, ...] = attrs.field(
         default=(),
         metadata={
@@ -1151,6 +1160,12 @@ def config_reference_markdown() -> str:
         "environment or `--set`); an embedding app may also pass its own to `engine.open`. "
         "Their keys and their `[schedules.task]` / `[schedules.job]` tables are described in "
         "[schedules.md](schedules.md).",
+        "",
+        "## `[[http_models]]`",
+        "",
+        "Models served by the HTTP provider kit, one `[[http_models]]` table each, in the TOML "
+        "file only: `python -m engine run` serves them with the `app` setting's providers. "
+        "Their keys are described in [http-providers.md](http-providers.md).",
     ]
     lines += ["", "## Rules between settings", ""]
     lines += [f"- {rule.text}." for rule in _RULES]
@@ -1291,6 +1306,10 @@ def _read_toml(path: Path, named_by: str | None, problems: list[str]) -> list[_G
     for key, value in data.items():
         if key == "schedules":
             given.append(_Given(key, _read_schedules(value, origin, problems), origin, False))
+        elif key == "http_models":
+            models, found = http_models_from_tables(value, origin)
+            problems += found
+            given.append(_Given(key, models, origin, False))
         elif key in _SECTION_CLASSES:
             if not isinstance(value, dict):
                 problems.append(
@@ -1373,11 +1392,16 @@ def load_config(
     # The winning (given, value) per field; value is None-or-valid only when the rule passed.
     effective: dict[str, tuple[_Given, object, bool]] = {}
     schedules: tuple[Schedule, ...] = ()
+    http_models: tuple[HttpModel, ...] = ()
     for layer in layers:
         for given in layer:
             if given.name == "schedules":
                 assert isinstance(given.raw, list)
                 schedules = tuple(given.raw)
+                continue
+            if given.name == "http_models":
+                assert isinstance(given.raw, list)
+                http_models = tuple(given.raw)
                 continue
             info = _FIELDS[given.name]
             value = _convert(given.raw, info.attribute.type, text=given.text)
@@ -1411,7 +1435,9 @@ def load_config(
     for name, value in values.items():
         section, _, key = name.rpartition(".")
         (nested[section] if section else nested)[key] = value
-    return attrs.evolve(_converter.structure(nested, EngineConfig), schedules=schedules)
+    return attrs.evolve(
+        _converter.structure(nested, EngineConfig), schedules=schedules, http_models=http_models
+    )
 
 
 def config_as_dict(config: EngineConfig, *, redact: bool = True) -> dict[str, Any]:

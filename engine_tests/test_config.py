@@ -368,8 +368,9 @@ def test_config_as_dict_hides_passwords() -> None:
     data = config_as_dict(load_config(env={"ENGINE_DATABASE_QUEUE_URL": url}))
     assert data["database"]["queue_url"] == "postgresql://app:***@db/app"
     assert data["queue"]["fetch_cooldown"] == 0.005
-    assert set(data) == {info.name.split(".")[0] for info in iter_fields()} | {"schedules"}
-    assert data["schedules"] == []
+    tables = {"schedules", "http_models"}  # arrays of tables, not settings
+    assert set(data) == {info.name.split(".")[0] for info in iter_fields()} | tables
+    assert data["schedules"] == [] and data["http_models"] == []
     shown = config_as_dict(load_config(env={"ENGINE_DATABASE_QUEUE_URL": url}), redact=False)
     assert shown["database"]["queue_url"] == url
 

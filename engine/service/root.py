@@ -74,6 +74,7 @@ from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
 from engine.metrics import Metrics
 from engine.providers.app import check_providers, load_app, open_providers
 from engine.providers.base import Provider
+from engine.providers.http.provider import open_http_providers
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.client import make_instance_id, make_queue_client
 from engine.queue.generation import MAX_WORKERS
@@ -256,6 +257,11 @@ async def _serve_once(
         await stack.enter_async_context(asyncio_loop())
         if providers is None and config.app is not None and worker:
             providers = await stack.enter_async_context(open_providers(load_app(config.app)))
+        if config.http_models and worker:
+            providers = _with_http_models(
+                providers or {},
+                await stack.enter_async_context(open_http_providers(config.http_models)),
+            )
         served = check_providers(providers or {})
         # The embedded server is ours to keep up only when we started it from the config.
         external = urls is not None or external_urls(config) is not None
@@ -291,6 +297,26 @@ async def _serve_once(
             watch=None if external else embedded_data_dir(config),
             on_started=on_started,
         )
+
+
+def _with_http_models(
+    providers: Mapping[str, Provider], http: Mapping[str, Provider]
+) -> dict[str, Provider]:
+    """The app's providers and the ``[[http_models]]`` ones together.
+
+    Raises:
+        ConfigError: a model has both.
+    """
+    both = sorted(set(providers) & set(http))
+    if both:
+        raise ConfigError(
+            [
+                f"http_models: model {name!r} also has a provider from the app (or engine.open); "
+                "describe it in one place"
+                for name in both
+            ]
+        )
+    return {**providers, **http}
 
 
 def _schedules(config: EngineConfig, schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
