@@ -82,6 +82,7 @@ import enum
 import getpass
 import json
 import socket
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -310,6 +311,20 @@ def _group_json(row: Record) -> dict[str, Any]:
     }
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print to an operator's terminal: control and format characters
+    (escape sequences, a carriage return, a right-to-left override) written as escapes, so
+    that what a submitter put in a task can neither drive the terminal nor disguise itself."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Cf") or ch in "\u2028\u2029"
+        else ch
+        for ch in text
+    )
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return _NONE
@@ -319,7 +334,7 @@ def _cell(value: Any) -> str:
         return _when(value)
     if isinstance(value, float):
         return f"{value:.2f}"
-    return str(value)
+    return printable(str(value))
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -452,7 +467,7 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
     print("tasks: " + ", ".join(f"{status} {n}" for status, n in tasks.items()))
     for name, n in unserved.items():
         noun = "task" if n == 1 else "tasks"
-        print(f"model {name}: {n} queued {noun}, no live instance serves it")
+        print(f"model {printable(name)}: {n} queued {noun}, no live instance serves it")
     if schedules:
         print()
         print(f"schedules ({len(schedules)}):")

@@ -265,6 +265,26 @@ async def test_submit_rejects_bad_input(cli: Cli, model: str, conn: Connection) 
     assert await conn.fetchval("SELECT count(*) FROM engine_task") == 0
 
 
+async def test_what_a_submitter_wrote_cannot_drive_the_operators_terminal(
+    cli: Cli, model: str, conn: Connection
+) -> None:
+    """Escape sequences, a carriage return and a right-to-left override in a task's identity,
+    payload and error come out of the human commands as visible escapes."""
+    (task_id,) = await submit(cli, 1)
+    await conn.execute(
+        "UPDATE engine_task SET tenant_id = $2, error = $3::jsonb, group_key = $4 WHERE id = $1",
+        uuid.UUID(task_id),
+        "acme\x1b[2J\x1b]0;pwned\x07",
+        '{"code": "x", "message": "ok\\u009b31m"}',
+        "g\r\u202eevil",
+    )
+    for command in (("tasks", "show", task_id), ("tasks", "list")):
+        out = (await cli(*command)).ok()
+        assert not any(ch in out for ch in "\x1b\x07\x9b\r\u202e"), (command, out)
+    shown = (await cli("tasks", "show", task_id)).ok()
+    assert "acme\\x1b[2J" in shown and "\\u202eevil" in shown
+
+
 async def test_tasks_show_cancel_and_retry(cli: Cli, model: str, conn: Connection) -> None:
     (task_id,) = await submit(cli, 1)
     shown = (await cli("tasks", "show", task_id, "--json")).json()
