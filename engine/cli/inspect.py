@@ -96,7 +96,7 @@ from engine.cli.main import EXIT_OK
 from engine.config import EngineConfig
 from engine.db.bridge import Record
 from engine.db.sqlfiles import QUERIES
-from engine.errors import TaskError, TaskNotFound
+from engine.errors import EngineError, TaskError, TaskNotFound
 from engine.queue.job import Job
 from engine.queue.states import JobState
 from engine.schedules.status import ScheduleState, list_schedules
@@ -166,14 +166,20 @@ def _with_engine(command: EngineCommand) -> CommandFn:
     return run
 
 
+#: The largest count the catalogue and the registry store (PostgreSQL's integer).
+INT32_MAX: Final = 2_147_483_647
+
+
 def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+    """argparse type: an integer from 1 to 2,147,483,647."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if not 1 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer up to {INT32_MAX:,}, got {value}"
+        )
     return value
 
 
@@ -824,12 +830,26 @@ async def _print_queue(eng: Engine, name: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _known_queue(eng: Engine, name: str) -> None:
+    """Refuse a queue nothing has used: a typo would create a paused queue nobody works."""
+    known = {r["name"] for r in await eng.db.queue.fetch(_QUEUE_LIST)}
+    known |= set(await eng.queue.counts())
+    if name not in known:
+        listed = ", ".join(printable(q) for q in sorted(known)) or "none yet"
+        raise EngineError(
+            f"no queue named {printable(name)!r}; known queues: {listed} (a queue is known once "
+            "a worker or an insert has used it)"
+        )
+
+
 async def _cmd_queue_pause(eng: Engine, args: argparse.Namespace) -> int:
+    await _known_queue(eng, args.name)
     await eng.queue.pause(args.name)
     return await _print_queue(eng, args.name, args)
 
 
 async def _cmd_queue_resume(eng: Engine, args: argparse.Namespace) -> int:
+    await _known_queue(eng, args.name)
     await eng.queue.resume(args.name)
     return await _print_queue(eng, args.name, args)
 
@@ -898,9 +918,10 @@ def _rate_arg(text: str) -> tuple[int, float]:
         interval = float(seconds)
     except ValueError:
         limit, interval = 0, 0.0
-    if not sep or limit <= 0 or not 0 < interval < float("inf"):
+    if not sep or not 0 < limit <= INT32_MAX or not 0 < interval <= 86_400 * 366:
         raise argparse.ArgumentTypeError(
-            f"expected N/S (N requests per S seconds, e.g. 10/1), got {text!r}"
+            f"expected N/S (N requests, 1 to {INT32_MAX:,}, per S seconds, more than 0 and at "
+            f"most a year; e.g. 10/1), got {text!r}"
         )
     return limit, interval
 

@@ -401,12 +401,25 @@ async def test_jobs_list(cli: Cli, model: str) -> None:
 
 
 async def test_queue_pause_and_resume(cli: Cli, conn: Connection) -> None:
+    # A queue nothing has used is refused (a typo would make a paused queue nobody works).
+    err = (await cli("queue", "pause", "q1")).error(1)
+    assert "no queue named 'q1'; known queues: none yet" in err
+    assert await conn.fetchval("SELECT count(*) FROM river_queue") == 0
+    await conn.execute("INSERT INTO river_job (kind, queue, max_attempts) VALUES ('k', 'q1', 25)")
     paused = (await cli("queue", "pause", "q1", "--json")).json()["queue"]
     assert paused["name"] == "q1" and paused["paused"] is True and paused["paused_at"]
     assert await conn.fetchval("SELECT paused_at FROM river_queue WHERE name = 'q1'") is not None
     out = (await cli("queue", "resume", "q1")).ok()
     assert out.strip() == "queue q1: running (not paused)"
     assert await conn.fetchval("SELECT paused_at FROM river_queue WHERE name = 'q1'") is None
+    assert "known queues: q1" in (await cli("queue", "pause", "q2")).error(1)
+
+
+async def test_limits_beyond_what_the_catalogue_stores_are_usage_errors(cli: Cli) -> None:
+    err = (await cli("models", "set", MODEL, "--limit", "1000000000000")).error(2)
+    assert "expected a positive integer up to 2,147,483,647, got 1000000000000" in err
+    err = (await cli("models", "set", MODEL, "--rate", "1000000000000/1")).error(2)
+    assert "expected N/S (N requests, 1 to 2,147,483,647" in err
 
 
 async def test_status(cli: Cli, conn: Connection, database: Database) -> None:
