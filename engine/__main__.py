@@ -1,6 +1,6 @@
 """``python -m engine``: see :mod:`engine.cli.main`."""
 
-from engine.cli.main import main
+from engine.cli.main import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -64,7 +64,7 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 import attrs
 import trio
@@ -97,6 +97,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "build_parser",
+    "entry",
     "main",
 ]
 
@@ -528,6 +529,17 @@ def _report_failure(exc: BaseException) -> int:
 def _prog(argv0: str) -> str:
     name = os.path.basename(argv0)
     return "python -m engine" if name in ("__main__.py", "-c", "") else name
+
+
+def entry() -> NoReturn:
+    """The process entry point (``python -m engine``, the ``engine`` script): :func:`main`,
+    then exit with its status. Once it has returned (a shutdown included) the work is done, so
+    a SIGINT or SIGTERM arriving while the process exits is ignored: it must not turn a clean
+    exit into a kill."""
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -652,3 +652,17 @@ def test_failures_are_reported_as_one_line_per_engine_error(
         assert cli._report_failure(exc) == 1
     err = capsys.readouterr().err
     assert "unexpected error" in err and "Traceback" in err and "ValueError: a bug" in err
+
+
+def test_a_signal_while_the_process_exits_after_a_shutdown_is_ignored() -> None:
+    """Once the command has returned (a graceful shutdown done), a SIGTERM arriving while the
+    process exits (here: from an exit handler) leaves the exit status as it was."""
+    code = (
+        "import atexit, os, signal\n"
+        "import engine.cli.main as cli\n"
+        "cli.main = lambda: 0\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+        "cli.entry()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done
