@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Final, Protocol
 
 from prometheus_client import (
@@ -23,19 +24,25 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     exposition,
     generate_latest,
 )
 
+from engine._version import __version__
 from engine.load.controller import LoadSnapshot, PressureState
 
 __all__ = [
     "CONTENT_TYPE",
     "JOB_STATES",
+    "MAX_MODEL_LABELS",
+    "OTHER_MODEL",
     "PRESSURE_STATES",
     "RESIZE_OUTCOMES",
     "Metrics",
     "StatedItem",
+    "TimedTask",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,13 @@ _STATEMENT_BUCKETS: Final = (
     10.0,
     math.inf,
 )
+MAX_MODEL_LABELS: Final = 200
+"""Most distinct ``model`` label values one registry creates; later models share
+:data:`OTHER_MODEL`, so a flood of model names cannot grow the series without bound."""
+
+OTHER_MODEL: Final = "other"
+"""The ``model`` label value of models beyond :data:`MAX_MODEL_LABELS`."""
+
 _PHASE_BUCKETS: Final = (
     0.01,
     0.05,
@@ -117,6 +131,8 @@ _PHASE_BUCKETS: Final = (
     3600.0,
     math.inf,
 )
+# Queue wait and end-to-end: a task may wait for a limited model's slot or an upstream for hours.
+_TASK_LATENCY_BUCKETS: Final = (*_PHASE_BUCKETS[:-1], 7200.0, 21600.0, 86400.0, math.inf)
 
 
 class StatedItem(Protocol):
@@ -125,6 +141,30 @@ class StatedItem(Protocol):
     @property
     def state(self) -> str:
         """The job state written, e.g. ``completed``."""
+        ...
+
+
+class TimedTask(Protocol):
+    """The task fields the latency metrics read (an ``engine.tasks.models.Task``)."""
+
+    @property
+    def model(self) -> str:
+        """The task's model, from the catalogue."""
+        ...
+
+    @property
+    def attempts(self) -> int:
+        """Executions started so far, this one included."""
+        ...
+
+    @property
+    def created_at(self) -> datetime:
+        """When the task was submitted to the engine."""
+        ...
+
+    @property
+    def started_at(self) -> datetime | None:
+        """When an execution first started it."""
         ...
 
 
@@ -210,12 +250,29 @@ class Metrics:
         self.task_phase_seconds = Histogram(
             "engine_task_phase_seconds",
             "Time tasks spend in each phase.",
-            ["phase"],
+            ["phase", "model"],
             buckets=_PHASE_BUCKETS,
             registry=r,
         )
         self.tasks = Counter(
-            "engine_tasks", "Task runs finished, by resulting status.", ["status"], registry=r
+            "engine_tasks",
+            "Task runs finished, by resulting status and model.",
+            ["status", "model"],
+            registry=r,
+        )
+        self.task_queue_wait_seconds = Histogram(
+            "engine_task_queue_wait_seconds",
+            "Time from a task's submission to its first start, by model.",
+            ["model"],
+            buckets=_TASK_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.task_end_to_end_seconds = Histogram(
+            "engine_task_end_to_end_seconds",
+            "Time from a task's submission to its final status, by model and status.",
+            ["model", "status"],
+            buckets=_TASK_LATENCY_BUCKETS,
+            registry=r,
         )
         self.recoveries = Counter(
             "engine_recoveries",
@@ -234,6 +291,17 @@ class Metrics:
             "Worker generations alive in this process (the current one plus draining ones).",
             registry=r,
         )
+        self.build_info = Gauge(
+            "engine_build_info",
+            "Always 1; the engine's version as a label.",
+            ["version"],
+            registry=r,
+        )
+        self.build_info.labels(version=__version__).set(1)
+        # process_* (CPU, memory, file descriptors; Linux only) and python_info.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self._models: set[str] = set()
 
         # Fixed label values exist from the start: a series that appears only on its first
         # event breaks rate() and absent() alerts.
@@ -329,17 +397,19 @@ class Metrics:
         """Record the duration of one claim statement."""
         self.job_claim_seconds.observe(seconds)
 
-    def observe_completions(self, batch: Sequence[StatedItem], seconds: float) -> None:
+    def observe_completions(self, batch: Sequence[StatedItem], seconds: float | None) -> None:
         """Record one completion write; fits :class:`engine.queue.completer.Completer`'s
         ``on_flushed``.
 
-        An empty batch is a write carried by a producer's claim (the completer reports it with
-        no items and no duration): nothing is counted, so it neither skews the latency
-        histogram with zeros nor counts rows twice.
+        Every item is counted in ``engine_job_completions_total``, including the plain
+        completions a producer's claim carried (``seconds`` is ``None`` then: that statement is
+        timed as a claim, so the batch histogram is not skewed by it). An empty batch counts
+        nothing and times nothing.
         """
         if not batch:
             return
-        self.job_completion_batch_seconds.observe(seconds)
+        if seconds is not None:
+            self.job_completion_batch_seconds.observe(seconds)
         counts: dict[str, int] = {}
         for item in batch:
             # JobState is a StrEnum; str() of it is the plain value either way.
@@ -358,13 +428,53 @@ class Metrics:
 
     # --- tasks -----------------------------------------------------------------------------
 
-    def observe_task_phase(self, phase: str, seconds: float) -> None:
-        """Record the time a task spent in ``phase`` (e.g. ``preparing``, ``finalizing``)."""
-        self.task_phase_seconds.labels(phase=phase).observe(seconds)
+    def model_label(self, model: str) -> str:
+        """``model`` as a label value: itself for the first :data:`MAX_MODEL_LABELS` models
+        seen, :data:`OTHER_MODEL` after that."""
+        if model in self._models:
+            return model
+        if len(self._models) >= MAX_MODEL_LABELS:
+            return OTHER_MODEL
+        self._models.add(model)
+        return model
 
-    def count_task(self, status: str, n: int = 1) -> None:
-        """Count ``n`` task runs that ended in ``status`` (e.g. ``succeeded``, ``failed``)."""
-        self.tasks.labels(status=status).inc(n)
+    def observe_task_phase(self, phase: str, seconds: float, model: str) -> None:
+        """Record the time a task of ``model`` spent in ``phase`` (e.g. ``preparing``);
+        fits :class:`engine.tasks.runner.TaskRunner`'s ``on_phase``."""
+        self.task_phase_seconds.labels(phase=phase, model=self.model_label(model)).observe(seconds)
+
+    def count_task(self, status: str, model: str, n: int = 1) -> None:
+        """Count ``n`` task runs of ``model`` that ended in ``status`` (e.g. ``failed``)."""
+        self.tasks.labels(status=status, model=self.model_label(model)).inc(n)
+
+    def observe_task_started(self, task: TimedTask) -> None:
+        """Record the queue wait of a task's first start (later attempts are not a wait for
+        the queue); fits :class:`engine.tasks.runner.TaskRunner`'s ``on_started``."""
+        if task.attempts > 1:
+            return
+        started = task.started_at or datetime.now(UTC)
+        wait = (started - task.created_at).total_seconds()
+        self.task_queue_wait_seconds.labels(model=self.model_label(task.model)).observe(
+            max(wait, 0.0)
+        )
+
+    def observe_task_finished(self, status: str, task: TimedTask | None) -> None:
+        """Count one outcome and, with its task, its end-to-end time (submitted until now);
+        fits :class:`engine.tasks.runner.TaskRunner`'s ``on_finished``.
+
+        ``task`` is None for a run that failed before its claim returned the task: counted
+        under the model ``unknown``, with no latency.
+        """
+        status = str(getattr(status, "value", status))
+        if task is None:
+            self.count_task(status, "unknown")
+            return
+        self.count_task(status, task.model)
+        # Wall clock against the database's created_at: clamp a small clock skew at zero.
+        elapsed = (datetime.now(UTC) - task.created_at).total_seconds()
+        self.task_end_to_end_seconds.labels(
+            model=self.model_label(task.model), status=status
+        ).observe(max(elapsed, 0.0))
 
     def count_recoveries(self, kind: str, n: int) -> None:
         """Count ``n`` rows repaired by recovery of ``kind``; 0 only creates the series."""

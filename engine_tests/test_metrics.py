@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import enum
+from datetime import UTC, datetime, timedelta
 
 import attrs
 import pytest
+import trio
 from prometheus_client import REGISTRY
 
+import engine
 from engine.load.controller import LoadSnapshot, PressureState
-from engine.metrics import JOB_STATES, RESIZE_OUTCOMES, Metrics
+from engine.metrics import JOB_STATES, MAX_MODEL_LABELS, OTHER_MODEL, RESIZE_OUTCOMES, Metrics
 
 ALL_NAMES = [
     "engine_async_worker_capacity",
@@ -29,6 +32,11 @@ ALL_NAMES = [
     "engine_admissions_waiting",
     "engine_leader",
     "engine_generations",
+    "engine_task_queue_wait_seconds",
+    "engine_task_end_to_end_seconds",
+    "engine_build_info",
+    "process_cpu_seconds_total",
+    "python_info",
 ]
 
 
@@ -64,6 +72,18 @@ class Done:
     state: State
 
 
+@attrs.frozen
+class Timed:
+    """Stands in for ``engine.tasks.models.Task``: only the timing fields are read."""
+
+    model: str = "m"
+    attempts: int = 1
+    created_at: datetime = attrs.field(factory=lambda: datetime.now(UTC) - timedelta(seconds=5))
+    started_at: datetime | None = attrs.field(
+        factory=lambda: datetime.now(UTC) - timedelta(seconds=2)
+    )
+
+
 # --- the metrics -----------------------------------------------------------------------------
 
 
@@ -72,8 +92,9 @@ def test_render_contains_every_metric() -> None:
     # Touch the labelled series that only exist once used, so they render samples too.
     metrics.set_queue_depth({"default": {"available": 1}})
     metrics.observe_completions([Done(State.COMPLETED)], 0.01)
-    metrics.observe_task_phase("preparing", 1.0)
-    metrics.count_task("succeeded")
+    metrics.observe_task_phase("preparing", 1.0, "m")
+    metrics.observe_task_finished("succeeded", Timed())
+    metrics.observe_task_started(Timed())
     metrics.count_recoveries("orphaned_jobs", 0)
     text = metrics.render().decode()
     for name in ALL_NAMES:
@@ -175,20 +196,24 @@ def test_completions_and_carried_writes() -> None:
     assert value(metrics, "engine_job_completions_total", state="retryable") == 1
     assert value(metrics, "engine_job_completion_batch_seconds_count") == 1
     assert value(metrics, "engine_job_completion_batch_seconds_sum") == pytest.approx(0.02)
-    # A write carried by a claim arrives as an empty batch: counts nothing.
+    # A write carried by a claim has no duration of its own: counted, not timed.
+    metrics.observe_completions([Done(State.COMPLETED)] * 3, None)
+    assert value(metrics, "engine_job_completion_batch_seconds_count") == 1
+    assert value(metrics, "engine_job_completions_total", state="completed") == 5
+    # An empty batch counts and times nothing.
     metrics.observe_completions([], 0.0)
     assert value(metrics, "engine_job_completion_batch_seconds_count") == 1
-    assert value(metrics, "engine_job_completions_total", state="completed") == 2
+    assert value(metrics, "engine_job_completions_total", state="completed") == 5
 
 
 def test_the_other_engine_metrics() -> None:
     metrics = Metrics()
     metrics.observe_claim(0.004)
     assert value(metrics, "engine_job_claim_seconds_count") == 1
-    metrics.observe_task_phase("finalizing", 42.0)
-    assert value(metrics, "engine_task_phase_seconds_count", phase="finalizing") == 1
-    metrics.count_task("failed", 3)
-    assert value(metrics, "engine_tasks_total", status="failed") == 3
+    metrics.observe_task_phase("finalizing", 42.0, "m")
+    assert value(metrics, "engine_task_phase_seconds_count", phase="finalizing", model="m") == 1
+    metrics.count_task("failed", "m", 3)
+    assert value(metrics, "engine_tasks_total", status="failed", model="m") == 3
     metrics.count_recovery_round({"requeued_async_tasks": 2, "orphaned_jobs": 0})
     assert value(metrics, "engine_recoveries_total", kind="requeued_async_tasks") == 2
     assert value(metrics, "engine_recoveries_total", kind="orphaned_jobs") == 0
@@ -199,3 +224,80 @@ def test_the_other_engine_metrics() -> None:
     metrics.set_leader(True)
     metrics.set_leader(False)
     assert value(metrics, "engine_leader") == 0
+
+
+def test_task_latencies_and_model_label() -> None:
+    metrics = Metrics()
+    metrics.observe_task_started(Timed())
+    assert value(metrics, "engine_task_queue_wait_seconds_count", model="m") == 1
+    assert value(metrics, "engine_task_queue_wait_seconds_sum", model="m") == pytest.approx(
+        3.0, abs=0.1
+    )
+    # A later attempt is not a wait for the queue.
+    metrics.observe_task_started(Timed(attempts=2))
+    assert value(metrics, "engine_task_queue_wait_seconds_count", model="m") == 1
+    metrics.observe_task_finished("succeeded", Timed())
+    assert value(metrics, "engine_tasks_total", status="succeeded", model="m") == 1
+    count = "engine_task_end_to_end_seconds_count"
+    assert value(metrics, count, model="m", status="succeeded") == 1
+    total = value(metrics, "engine_task_end_to_end_seconds_sum", model="m", status="succeeded")
+    assert total is not None and 5.0 <= total < 60.0
+    # No task (the run failed before its claim returned it): counted, not timed.
+    metrics.observe_task_finished("failed", None)
+    assert value(metrics, "engine_tasks_total", status="failed", model="unknown") == 1
+
+
+def test_model_label_is_bounded() -> None:
+    metrics = Metrics()
+    for i in range(MAX_MODEL_LABELS):
+        assert metrics.model_label(f"m{i}") == f"m{i}"
+    assert metrics.model_label("one-too-many") == OTHER_MODEL
+    assert metrics.model_label("m0") == "m0"  # models already seen keep their label
+    metrics.count_task("failed", "one-too-many")
+    assert value(metrics, "engine_tasks_total", status="failed", model=OTHER_MODEL) == 1
+
+
+def test_build_info_and_process_collectors() -> None:
+    metrics = Metrics()
+    assert value(metrics, "engine_build_info", version=engine.__version__) == 1
+    assert value(metrics, "process_cpu_seconds_total") is not None
+    text = metrics.render().decode()
+    assert "python_info{" in text
+
+
+# --- the identities, on a real database --------------------------------------------------------
+
+
+async def test_completions_counter_equals_completed_jobs(db_url: str) -> None:
+    """Every job completion is counted, including those a producer's claim carried."""
+    from engine_tests.service.test_service import service
+    from engine_tests.tasks.conftest import request
+
+    n = 30
+    async with service(db_url) as (eng, _):
+        await eng.set_model("sim-model", concurrency_limit=4)
+        ids = await eng.submit([request() for _ in range(n)])
+        for task_id in ids:
+            assert (await eng.wait(task_id, timeout=20)).status.value == "succeeded"
+        # wait() returns once the task row is final; the job row and the counter follow it.
+        completed_sql = "SELECT count(*) FROM river_job WHERE state = 'completed'"
+        with trio.fail_after(10):
+            while (completed := await eng.db.queue.fetchval(completed_sql)) < n:
+                await trio.sleep(0.01)
+            while value(eng.metrics, "engine_job_completions_total", state="completed") != (
+                completed
+            ):
+                await trio.sleep(0.01)
+        assert completed == n
+        assert await eng.db.queue.fetchval(completed_sql) == n
+        assert value(eng.metrics, "engine_job_completions_total", state="completed") == n
+        # Per model: every task counted once, timed once from submission to start and to its
+        # final status, and each phase observed once per task.
+        m = eng.metrics
+        assert value(m, "engine_tasks_total", status="succeeded", model="sim-model") == n
+        assert value(m, "engine_task_queue_wait_seconds_count", model="sim-model") == n
+        end_to_end = "engine_task_end_to_end_seconds_count"
+        assert value(m, end_to_end, model="sim-model", status="succeeded") == n
+        for phase in ("preparing", "waiting_upstream", "finalizing"):
+            count = "engine_task_phase_seconds_count"
+            assert value(m, count, phase=phase, model="sim-model") == n, phase

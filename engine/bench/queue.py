@@ -76,7 +76,7 @@ async def burn_down(db: Database, jobs: int, max_workers: int) -> BurnDown:
     async with open_queue(db, _QCFG, workers=workers) as client:
         finished = trio.Event()
 
-        def on_flushed(batch: object, seconds: float) -> None:
+        def on_flushed(batch: object, seconds: float | None) -> None:
             if client.completer.flushed >= jobs:
                 finished.set()
 

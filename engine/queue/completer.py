@@ -55,7 +55,13 @@ class CompleterConfig:
 
 
 class Completer:
-    """The batch completer service; see the module docstring."""
+    """The batch completer service; see the module docstring.
+
+    ``on_flushed(batch, seconds)`` is called after every write with the completions written:
+    ``seconds`` is the write's duration for the completer's own batches, and ``None`` for plain
+    completions a producer's claim carried (that statement is timed as a claim), so a caller
+    counting outcomes sees every one exactly once.
+    """
 
     def __init__(
         self,
@@ -63,7 +69,7 @@ class Completer:
         config: CompleterConfig = CompleterConfig(),
         *,
         notify_channel: str | None = None,
-        on_flushed: Callable[[Sequence[Completion], float], None] | None = None,
+        on_flushed: Callable[[Sequence[Completion], float | None], None] | None = None,
     ) -> None:
         self.pool = pool
         self.config = config
@@ -115,7 +121,7 @@ class Completer:
         """A producer wrote ``ids`` (see :meth:`take_plain`)."""
         self._written(len(ids))
         if self.on_flushed is not None:
-            self.on_flushed([], 0.0)
+            self.on_flushed([Completion(i, "", JobState.COMPLETED) for i in ids], None)
 
     def return_plain(self, ids: list[int]) -> None:
         """A producer could not write ``ids``; the completer writes them instead."""

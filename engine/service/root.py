@@ -381,8 +381,9 @@ async def _assemble(
             spread_ms=config.load.retry_spread_ms,
         ),
     )
-    runner.on_finished = lambda status: metrics.count_task(status.value)
+    runner.on_finished = metrics.observe_task_finished
     runner.on_phase = metrics.observe_task_phase
+    runner.on_started = metrics.observe_task_started
     workers = Workers()
     workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
     slots = SlotPool(0)  # nothing runs until the capacity source grants a share

@@ -299,10 +299,13 @@ class TaskRunner:
         #: Models whose upstream answered "busy" (429, 503): their submissions wait here.
         self.upstream_busy = UpstreamThrottle()
         self.scopes = ScopeCatalog(store.pool, catalog)
-        #: Called with each outcome this process records (metrics count them).
-        self.on_finished: Callable[[TaskStatus], None] | None = None
-        #: Called with (phase, seconds) as each phase of an execution ends (metrics).
-        self.on_phase: Callable[[str, float], None] | None = None
+        #: Called with each outcome this process records and the task it ended, or None when
+        #: the run failed before its claim returned the task (metrics count them).
+        self.on_finished: Callable[[TaskStatus, Task | None], None] | None = None
+        #: Called with (phase, seconds, model) as each phase of an execution ends (metrics).
+        self.on_phase: Callable[[str, float, str], None] | None = None
+        #: Called with the task each time an execution starts running it (metrics).
+        self.on_started: Callable[[Task], None] | None = None
 
     def provider_for(self, task: Task) -> Provider | None:
         """The simulated provider for simulation runs, else the one registered for the model;
@@ -456,7 +459,7 @@ class TaskRunner:
         if await self.store.finish(run.task_id, run.token, TaskStatus.FAILED, error=error):
             self.events.forget_phase(run.task_id)
             if self.on_finished is not None:
-                self.on_finished(TaskStatus.FAILED)
+                self.on_finished(TaskStatus.FAILED, run.task)
             if run.task is not None:
                 self.emit(
                     run.task,
@@ -551,6 +554,8 @@ class TaskRunner:
 
     def _started(self, run: _Run, task: Task) -> None:
         run.started = True
+        if self.on_started is not None:
+            self.on_started(task)
         self.emit(
             task,
             "task.started",
@@ -578,7 +583,7 @@ class TaskRunner:
         handed = Task.from_record(row)
         if handed.status is TaskStatus.CANCELLED:
             if self.on_finished is not None:
-                self.on_finished(TaskStatus.CANCELLED)
+                self.on_finished(TaskStatus.CANCELLED, handed)
             self.emit(
                 handed,
                 "task.cancelled",
@@ -617,7 +622,7 @@ class TaskRunner:
         try:
             if ref is None:
                 prepared = await _provider_call("prepare", provider.prepare, task)
-                phase_started = self._phase_done("preparing", phase_started)
+                phase_started = self._phase_done("preparing", phase_started, task.model)
                 ref = await self._submit(task, token, lease, execution, provider, prepared)
                 execution.upstream_ref = ref
                 # The reference lives only in this process until it is written: a database
@@ -651,7 +656,7 @@ class TaskRunner:
                 if polled.done:
                     break
                 await trio.sleep(provider.poll_interval)
-            phase_started = self._phase_done("waiting_upstream", phase_started)
+            phase_started = self._phase_done("waiting_upstream", phase_started, task.model)
             if polled.error is not None:
                 raise ProviderError(polled.error, code="upstream_failed")
             await self._enter(lease, Phase.FINALIZING)
@@ -659,7 +664,7 @@ class TaskRunner:
             # that lands after the finish changes nothing).
             self.events.set_phase(task.id, token, TaskPhase.FINALIZING, 0.9)
             result = await _provider_call("finalize", provider.finalize, task, polled.result)
-            self._phase_done("finalizing", phase_started)
+            self._phase_done("finalizing", phase_started, task.model)
         except ProviderError as exc:
             await self._finish(
                 task, token, TaskStatus.FAILED, error={"code": exc.code, "message": str(exc)}
@@ -788,10 +793,10 @@ class TaskRunner:
         await self._finish(task, token, TaskStatus.MANUAL_REVIEW, error=error)
         raise ManualReview() from exc
 
-    def _phase_done(self, phase: str, started: float) -> float:
+    def _phase_done(self, phase: str, started: float, model: str) -> float:
         now = trio.current_time()
         if self.on_phase is not None:
-            self.on_phase(phase, now - started)
+            self.on_phase(phase, now - started, model)
         return now
 
     async def _enter(self, lease: LoadLease | None, phase: Phase) -> None:
@@ -839,7 +844,7 @@ class TaskRunner:
             raise LeaseUnavailable()
         self.events.forget_phase(task.id)
         if self.on_finished is not None:
-            self.on_finished(status)
+            self.on_finished(status, task)
         self.emit(
             task,
             f"task.{status.value}",

@@ -235,7 +235,7 @@ async def test_metrics_endpoint_reports_a_run(db_url: str) -> None:
             assert (await eng.wait(task_id, timeout=10)).status is TaskStatus.SUCCEEDED
         # The counter moves right after the outcome is written (which is what wakes wait()).
         with trio.fail_after(5):
-            while 'engine_tasks_total{status="succeeded"} 5.0' not in (
+            while 'engine_tasks_total{model="sim-model",status="succeeded"} 5.0' not in (
                 text := await _scrape(eng.metrics_url)
             ):
                 await trio.sleep(0.01)
