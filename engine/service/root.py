@@ -74,7 +74,6 @@ from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
 from engine.metrics import Metrics
 from engine.providers.app import check_providers, load_app, open_providers
 from engine.providers.base import Provider
-from engine.providers.http.provider import open_http_providers
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.client import make_instance_id, make_queue_client
 from engine.queue.generation import MAX_WORKERS
@@ -91,7 +90,6 @@ from engine.tasks.jobs import TaskRunArgs, model_claim_filter
 from engine.tasks.notices import TaskNotices
 from engine.tasks.runner import LeaseKeeper, TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
-from engine.web.service import http_server
 
 __all__ = ["open", "serve"]
 
@@ -258,6 +256,9 @@ async def _serve_once(
         if providers is None and config.app is not None and worker:
             providers = await stack.enter_async_context(open_providers(load_app(config.app)))
         if config.http_models and worker:
+            # Imported here: httpx is loaded only by a service that serves HTTP models.
+            from engine.providers.http.provider import open_http_providers
+
             providers = _with_http_models(
                 providers or {},
                 await stack.enter_async_context(open_http_providers(config.http_models)),
@@ -518,6 +519,9 @@ async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool)
     if config.metrics.enabled or config.dashboard.enabled:
         # One HTTP server: /metrics (if metrics.enabled), /healthz, /readyz and the dashboard
         # (if dashboard.enabled); refused off loopback without the dashboard's credentials.
+        # Imported here: the web stack is loaded only by a service that serves it.
+        from engine.web.service import http_server
+
         server = http_server(
             engine,
             metrics=bool(config.metrics.enabled),

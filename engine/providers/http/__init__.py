@@ -26,6 +26,8 @@ yields the mapping the ``app`` setting wants. :mod:`engine.providers.http.fake` 
 of this shape for tests and benchmarks. See docs/http-providers.md.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from engine.providers.http.description import (
     HttpModel,
     HttpRequestSpec,
@@ -34,7 +36,19 @@ from engine.providers.http.description import (
     http_models_from_tables,
     load_http_models,
 )
-from engine.providers.http.provider import HttpProvider, open_http_providers
+
+if TYPE_CHECKING:
+    from engine.providers.http.provider import HttpProvider, open_http_providers
+
+
+def __getattr__(name: str) -> Any:
+    # The providers (and httpx) load on first use: the configuration reads descriptions at
+    # every start, most of which serve no HTTP model.
+    if name in ("HttpProvider", "open_http_providers"):
+        from engine.providers.http import provider
+
+        return getattr(provider, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "HttpModel",
