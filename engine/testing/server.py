@@ -435,14 +435,25 @@ def _make_data_dir() -> Path:
 def _embedded(cache: Path | None) -> SessionServer:
     seed = None if cache is None else cache / f"{_SEED_PREFIX}{seed_key()}"
     if seed is not None and seed.is_dir():
-        try:
-            return _start_from_seed(seed)
-        except Exception as exc:
-            log.warning(
-                "the cached test cluster did not start; making a new one",
-                extra={"event": "testing_seed_broken", "seed": str(seed), "error": repr(exc)},
-            )
-            shutil.rmtree(seed, ignore_errors=True)
+        # Twice: a copy can fail to start for a passing reason (its port taken a moment by
+        # another server); only one that fails again is broken and replaced.
+        for attempt in (1, 2):
+            try:
+                return _start_from_seed(seed)
+            except Exception as exc:
+                if attempt == 1:
+                    log.info(
+                        "the cached test cluster did not start (%r); trying once more",
+                        exc,
+                        extra={"event": "testing_seed_retry", "seed": str(seed)},
+                    )
+                    continue
+                log.warning(
+                    "the cached test cluster did not start (%r); making a new one",
+                    exc,
+                    extra={"event": "testing_seed_broken", "seed": str(seed), "error": repr(exc)},
+                )
+        shutil.rmtree(seed, ignore_errors=True)
     data_dir = _make_data_dir()
     handle = _acquire(data_dir)
     try:
