@@ -1039,9 +1039,17 @@ def _choose_bindir(
 
 
 def _exec_bindir(layout: _Layout, state: _State) -> Path:
-    """Binaries to run pg_ctl status/stop with: the recorded ones if still there."""
-    if state.exec_bindir and _has_tools(Path(state.exec_bindir)):
-        return Path(state.exec_bindir)
+    """Binaries to run pg_ctl status/stop with: the recorded ones if still there (in this
+    data directory's own bin-cache when the directory was copied or moved since)."""
+    if state.exec_bindir:
+        recorded = Path(state.exec_bindir)
+        if _has_tools(recorded):
+            return recorded
+        if _BIN_CACHE in recorded.parts:
+            inside = recorded.parts[recorded.parts.index(_BIN_CACHE) + 1 :]
+            moved = layout.bin_cache.joinpath(*inside)
+            if _has_tools(moved):
+                return moved
     return _matching_bindirs(_cluster_major(layout.pgdata))[0]
 
 

@@ -524,8 +524,15 @@ def _start_from_seed(seed: Path) -> SessionServer:
 def _publish_seed(data_dir: Path, seed: Path) -> None:
     """Keep a copy of the stopped cluster in ``data_dir`` as ``seed``. A failure only costs
     the cache (logged); another session publishing first is no failure."""
-    if embedded.status(data_dir).running:
-        return  # only a stopped cluster is a consistent copy
+    try:
+        if embedded.status(data_dir).running:
+            return  # only a stopped cluster is a consistent copy
+    except Exception as exc:  # cannot even tell (its binaries out of reach): no copy
+        log.info(
+            "the test cluster was not kept for later sessions",
+            extra={"event": "testing_seed_not_kept", "error": repr(exc)},
+        )
+        return
     cache = seed.parent
     try:
         cache.mkdir(parents=True, exist_ok=True, mode=0o700)
