@@ -16,35 +16,78 @@ nursery.start(engine.serve, config, providers=...)`` does the same in a nursery 
 embedding app's tests a real database and a running engine.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from engine._version import __version__ as __version__
-from engine.config import EngineConfig as EngineConfig
-from engine.config import load_config as load_config
-from engine.db.bridge import Connection as Connection
-from engine.errors import AppError as AppError
-from engine.errors import EngineError as EngineError
-from engine.errors import InvalidProvider as InvalidProvider
-from engine.errors import InvalidTask as InvalidTask
-from engine.errors import TaskNotFound as TaskNotFound
-from engine.providers.base import AmbiguousSubmission as AmbiguousSubmission
-from engine.providers.base import NotSubmitted as NotSubmitted
-from engine.providers.base import PollResult as PollResult
-from engine.providers.base import Provider as Provider
-from engine.providers.base import ProviderError as ProviderError
-from engine.providers.base import UpstreamBusy as UpstreamBusy
-from engine.providers.simulated import SimulatedProvider as SimulatedProvider
-from engine.providers.simulated import SimulationConfig as SimulationConfig
-from engine.schedules.model import CatchUp as CatchUp
-from engine.schedules.model import Schedule as Schedule
-from engine.schedules.model import ScheduledJob as ScheduledJob
-from engine.schedules.model import ScheduledTask as ScheduledTask
-from engine.service.engine import Engine as Engine
-from engine.service.root import open as open
-from engine.service.root import serve as serve
-from engine.tasks.models import Identity as Identity
-from engine.tasks.models import RunMode as RunMode
-from engine.tasks.models import Task as Task
-from engine.tasks.models import TaskRequest as TaskRequest
-from engine.tasks.models import TaskStatus as TaskStatus
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig as EngineConfig
+    from engine.config import load_config as load_config
+    from engine.db.bridge import Connection as Connection
+    from engine.errors import AppError as AppError
+    from engine.errors import EngineError as EngineError
+    from engine.errors import InvalidProvider as InvalidProvider
+    from engine.errors import InvalidTask as InvalidTask
+    from engine.errors import TaskNotFound as TaskNotFound
+    from engine.providers.base import AmbiguousSubmission as AmbiguousSubmission
+    from engine.providers.base import NotSubmitted as NotSubmitted
+    from engine.providers.base import PollResult as PollResult
+    from engine.providers.base import Provider as Provider
+    from engine.providers.base import ProviderError as ProviderError
+    from engine.providers.base import UpstreamBusy as UpstreamBusy
+    from engine.providers.context import TaskContext as TaskContext
+    from engine.providers.context import current_task_context as current_task_context
+    from engine.providers.simulated import SimulatedProvider as SimulatedProvider
+    from engine.providers.simulated import SimulationConfig as SimulationConfig
+    from engine.schedules.model import CatchUp as CatchUp
+    from engine.schedules.model import Schedule as Schedule
+    from engine.schedules.model import ScheduledJob as ScheduledJob
+    from engine.schedules.model import ScheduledTask as ScheduledTask
+    from engine.service.engine import Engine as Engine
+    from engine.service.root import open as open
+    from engine.service.root import serve as serve
+    from engine.tasks.models import Identity as Identity
+    from engine.tasks.models import RunMode as RunMode
+    from engine.tasks.models import Task as Task
+    from engine.tasks.models import TaskRequest as TaskRequest
+    from engine.tasks.models import TaskStatus as TaskStatus
+
+#: Where each public name lives. The names load on first use (PEP 562), so ``import engine``
+#: and ``python -m engine --help`` stay fast: the command line imports trio, asyncpg and the rest
+#: only when a command needs them.
+_LAZY: dict[str, str] = {
+    "EngineConfig": "engine.config",
+    "load_config": "engine.config",
+    "Connection": "engine.db.bridge",
+    "AppError": "engine.errors",
+    "EngineError": "engine.errors",
+    "InvalidProvider": "engine.errors",
+    "InvalidTask": "engine.errors",
+    "TaskNotFound": "engine.errors",
+    "AmbiguousSubmission": "engine.providers.base",
+    "NotSubmitted": "engine.providers.base",
+    "PollResult": "engine.providers.base",
+    "Provider": "engine.providers.base",
+    "ProviderError": "engine.providers.base",
+    "UpstreamBusy": "engine.providers.base",
+    "TaskContext": "engine.providers.context",
+    "current_task_context": "engine.providers.context",
+    "SimulatedProvider": "engine.providers.simulated",
+    "SimulationConfig": "engine.providers.simulated",
+    "CatchUp": "engine.schedules.model",
+    "Schedule": "engine.schedules.model",
+    "ScheduledJob": "engine.schedules.model",
+    "ScheduledTask": "engine.schedules.model",
+    "Engine": "engine.service.engine",
+    "open": "engine.service.root",
+    "serve": "engine.service.root",
+    "Identity": "engine.tasks.models",
+    "RunMode": "engine.tasks.models",
+    "Task": "engine.tasks.models",
+    "TaskRequest": "engine.tasks.models",
+    "TaskStatus": "engine.tasks.models",
+}
 
 __all__ = [
     "AmbiguousSubmission",
@@ -68,12 +111,29 @@ __all__ = [
     "SimulatedProvider",
     "SimulationConfig",
     "Task",
+    "TaskContext",
     "TaskNotFound",
     "TaskRequest",
     "TaskStatus",
     "UpstreamBusy",
     "__version__",
+    "current_task_context",
     "load_config",
     "open",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first use (``engine.Engine``, ``from engine import open``)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazy ones included."""
+    return sorted({*globals(), *__all__})

@@ -17,7 +17,7 @@ import trio
 from engine.config import EngineConfig
 from engine.errors import ConfigError
 
-__all__ = ["add_dashboard_command", "run_dashboard"]
+__all__ = ["run_dashboard"]
 
 
 def run_dashboard(args: argparse.Namespace, config: EngineConfig) -> int:
@@ -37,14 +37,3 @@ def run_dashboard(args: argparse.Namespace, config: EngineConfig) -> int:
 
     trio.run(_until_signal, serve)
     return EXIT_OK
-
-
-def add_dashboard_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``dashboard`` to the CLI; it stores :func:`run_dashboard` as ``cli_run``."""
-    help = "serve the web dashboard alone against the database (no execution)"
-    parser = commands.add_parser("dashboard", help=help, description=help)
-    parser.add_argument("--host", metavar="H", help="address to bind (default metrics.host)")
-    parser.add_argument(
-        "--port", type=int, metavar="N", help="port to bind; 0 for any (default metrics.port)"
-    )
-    parser.set_defaults(cli_run=run_dashboard)

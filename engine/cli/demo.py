@@ -9,12 +9,11 @@ import sys
 import trio
 
 from engine.cli.catalogue import DEMO_MODELS
-from engine.cli.inspect import positive_int
-from engine.cli.submit import Progress, ProgressDisplay, follow_tasks
+from engine.cli.submit import Progress, ProgressDisplay, TaskIds, follow_tasks
 from engine.config import EngineConfig
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
-__all__ = ["add_demo_command", "run_demo"]
+__all__ = ["run_demo"]
 
 
 def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
@@ -38,7 +37,7 @@ def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
                 for n in range(args.count)
             ]
             started = trio.current_time()
-            ids = await eng.submit(requests)
+            ids = TaskIds(await eng.submit(requests))
             print(f"engine demo: submitted {len(ids)} tasks to {args.model}", flush=True)
             display = ProgressDisplay(sys.stdout)
             progress = Progress(total=len(ids))
@@ -49,16 +48,3 @@ def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
     if trio.run(_until_signal, demo) is not None:
         return EXIT_INTERRUPTED
     return EXIT_OK
-
-
-def add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``demo`` to the CLI; it stores :func:`run_demo` as ``cli_run``."""
-    help = "run the service and a batch of demo tasks in one process, then stop"
-    parser = commands.add_parser("demo", help=help, description=help)
-    parser.add_argument(
-        "--model", default="demo-image", metavar="M", help="the model to run (default demo-image)"
-    )
-    parser.add_argument(
-        "--count", type=positive_int, default=50, metavar="N", help="tasks to submit (default 50)"
-    )
-    parser.set_defaults(cli_run=run_demo)

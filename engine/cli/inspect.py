@@ -1,18 +1,36 @@
 """Inspection and control commands of ``python -m engine``: status, tasks, jobs, queues, catalogue.
 
 Every command opens the engine's records layer only (``engine.open(config, control=False)``: no
-execution; it migrates unless ``database.migrate_on_start`` is false), does its reads or writes,
-and prints a human table, or with ``--json`` one JSON document on one line for scripts.
-Timestamps in JSON are ISO 8601 with a UTC offset; ids of tasks are UUID strings.
+execution), does its reads or writes, and prints a human table (:mod:`engine.cli.render`: fit to
+the terminal, statuses coloured, user data never interpreted as markup or control sequences),
+or with ``--json`` (before or after the command) one JSON document on one line for scripts.
+Timestamps in JSON are ISO 8601 with a UTC offset; ids of tasks are UUID strings; a progress is
+a fraction rounded to four decimals (``0.1``).
+
+Where the database is, and what a command may change there:
+
+* They never create an embedded cluster. With no ``database.url``, ``data_dir`` must hold one
+  already (``python -m engine db start`` or ``run`` made it); otherwise the command says that no
+  engine data directory exists at that path and how to make one, creates nothing, and exits 2.
+  An existing cluster whose server is stopped is started for the command and stopped after it
+  (unless another process uses it), as every engine process does.
+* The read-only commands (``status``, ``tasks list``, ``tasks show``, ``jobs list``, ``models
+  list``, ``groups list``, ``schedules list``) never migrate: if the schema is behind (a
+  database never migrated, or an engine upgrade not applied yet) they say so, suggest
+  ``python -m engine migrate`` and exit 1, with the database unchanged. The commands that write
+  (``submit``, ``tasks cancel|retry|resolve``, ``queue``, ``models set|delete``, ``groups
+  set|delete``) migrate first as the service does, unless ``database.migrate_on_start`` is
+  false.
 
 Commands and their ``--json`` documents:
 
-``status``
+``status [--watch [SECONDS]]``
     ``{"capacity": {"desired", "capacity", "hard_limit", "capped", "enabled_models",
     "unlimited_models", "model_desired", "enabled_groups", "unlimited_groups", "group_desired"},
     "leader": {"leader_id", "elected_at", "expires_at"} | null, "instances": [INSTANCE],
     "queues": {NAME: {"paused": bool, "paused_at", "jobs": {STATE: n for every job state}}},
-    "tasks": {STATUS: n for every task status}, "unserved_models": {MODEL: n}}``. ``capacity``
+    "tasks": {STATUS: n for every task status}, "unserved_models": {MODEL: n},
+    "schedules": [SCHEDULE]}``. ``capacity``
     is the global capacity computed from the catalogue with ``worker.hard_limit``
     (:func:`~engine.capacity.registry.load_capacity`);
     INSTANCE is one registry row (:class:`~engine.capacity.registry.InstanceInfo`: ``instance_id``,
@@ -23,8 +41,15 @@ Commands and their ``--json`` documents:
     ``load_sampled_at``, ``pod_uid``, ``pod_name``, ``site``, ``revision``, and ``models``: the
     models it serves, null for every model). ``unserved_models`` is ``{MODEL: n}``: models with
     n queued live tasks that no live registered instance serves, so no one claims their jobs.
-``tasks list [--status S] [--model M] [--limit N]``
-    ``{"tasks": [TASK]}``, newest first. TASK is ``{"id", "model", "group_key", "status",
+    ``--watch`` reads and shows it again every SECONDS (default 2) until Ctrl-C (exit 130): on a
+    terminal redrawn in place, otherwise printed again after a blank line (with ``--json``: one
+    document a line).
+``tasks list [--status S] [--model M] [--tenant T] [--before ID|TIME] [--limit N]``
+    ``{"tasks": [TASK]}``, newest first (by creation time, then id: a stable order). The table
+    has an ``ERROR`` column (the error's code and message). ``--before ID`` is the next page:
+    the tasks after task ID in that order (the table's last line names the ID to pass when
+    ``--limit`` rows came back); ``--before TIME`` lists the tasks created before an ISO 8601
+    time. TASK is ``{"id", "model", "group_key", "status",
     "phase", "progress", "run_mode", "identity": {...}, "payload", "result", "error",
     "attempts", "river_job_id", "execution_owner", "lease_expires_at", "submitted_at",
     "upstream_ref", "cancel_requested_at", "next_run_at", "created_at", "updated_at",
@@ -57,18 +82,25 @@ Commands and their ``--json`` documents:
     ``{"queue": {"name", "paused", "paused_at"}}``: fetching from the queue stops (resumes) in
     every process; running jobs go on.
 ``models list`` / ``models set NAME [--limit N | --unlimited] [--rate N/S | --no-rate]
-[--enable | --disable] [--provider P]``
+[--enable | --disable] [--provider P]`` / ``models delete NAME``
     ``{"models": [MODEL]}`` / ``{"model": MODEL}``; MODEL is ``{"name", "enabled",
     "concurrency_limit" (null: unlimited), "rate_limit" (requests per interval; null: none),
     "rate_interval" (seconds; null without a rate limit), "provider", "settings", "created_at",
     "updated_at"}``. ``--rate 10/1`` allows 10 requests per second (a token bucket of 10, refilled
     at that rate), ``--rate 30/60`` 30 a minute; ``--no-rate`` removes it. ``set`` changes only
     the options given; a new model starts enabled, unlimited, without a rate limit, on provider
-    ``simulated``. Tables show the rate as ``10/1s``.
+    ``simulated``. Tables show the rate as ``10/1s``, which ``--rate`` accepts as it is.
+    ``delete`` removes a model (``{"model": MODEL, "deleted": true}``) that no queued or running
+    task uses; otherwise it refuses (exit 1) naming how many do: cancel them or let them finish
+    first. Finished tasks keep the model's name; new submissions for it are refused.
 ``groups list`` / ``groups set KEY [--limit N | --unlimited] [--rate N/S | --no-rate]
-[--enable | --disable]``
+[--enable | --disable]`` / ``groups delete KEY``
     ``{"groups": [GROUP]}`` / ``{"group": GROUP}``; GROUP is ``{"key", "enabled",
     "concurrency_limit", "rate_limit", "rate_interval", "created_at", "updated_at"}``.
+    ``delete`` as for models (a group's tasks are those with that ``group_key``).
+``schedules list``
+    ``{"schedules": [SCHEDULE]}``: each schedule's timing, target, last and next period, counts
+    and last error.
 
 Errors are engine errors, reported by :func:`engine.cli.main.main` as ``engine: error: ...`` with
 exit status 1 (``no task <id>`` for an unknown task id); a malformed option is a usage error
@@ -81,22 +113,40 @@ import argparse
 import enum
 import getpass
 import json
+import signal
 import socket
-import unicodedata
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import attrs
 import trio
+from rich.console import Group, RenderableType
+from rich.text import Text
 
+from engine.capacity.refresher import CATALOG_CHANNEL
 from engine.capacity.registry import InstanceInfo, list_instances, load_capacity, unserved_models
-from engine.cli.main import EXIT_OK
+from engine.cli.args import CommandFn, format_interval, positive_int, task_id_arg
+from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK
+from engine.cli.render import (
+    Col,
+    cell,
+    make_console,
+    print_out,
+    printable,
+    status_text,
+    table,
+    when,
+)
 from engine.config import EngineConfig
-from engine.db.bridge import Record
+from engine.db.bridge import Record, asyncio_loop
+from engine.db.database import DatabaseUrls, open_database
+from engine.db.dsn import redact
+from engine.db.migrate import pending_migrations
+from engine.db.resolve import open_urls
 from engine.db.sqlfiles import QUERIES
-from engine.errors import EngineError, TaskError, TaskNotFound
+from engine.errors import EngineError, MigrationError, TaskError, TaskNotFound
 from engine.queue.job import Job
 from engine.queue.states import JobState
 from engine.schedules.status import ScheduleState, list_schedules
@@ -108,87 +158,138 @@ from engine.tasks.submit import give_job
 __all__ = [
     "CommandFn",
     "EngineCommand",
-    "add_inspect_commands",
+    "check_schema",
     "default_actor",
     "dumps",
     "event_json",
-    "format_table",
     "positive_int",
+    "printable",
     "retry_task",
+    "run_engine_command",
+    "run_until_signal",
     "run_with_engine",
     "task_id_arg",
     "task_json",
 ]
 
-#: What a leaf parser stores as ``cli_run`` (``set_defaults``): run the command, return the exit
-#: status. :func:`engine.cli.main.main` calls it with the parsed arguments and the configuration.
-CommandFn = Callable[[argparse.Namespace, EngineConfig], int]
-
 #: The body of an inspection command: given an open client-only engine, print, return the status.
 EngineCommand = Callable[[Engine, argparse.Namespace], Awaitable[int]]
 
 _TASK_GET: Final = QUERIES["task_get"]
+_TASK_PAGE: Final = QUERIES["task_page"]
 _TASK_RETRY: Final = QUERIES["task_retry"]
 _QUEUE_LIST: Final = QUERIES["queue_list"]
 _LEADER_GET: Final = QUERIES["leader_get"]
 _MODEL_GET: Final = QUERIES["model_get"]
 _MODEL_LIST: Final = QUERIES["model_list"]
+_MODEL_DELETE: Final = QUERIES["model_delete"]
 _GROUP_LIST: Final = QUERIES["group_list"]
+_GROUP_DELETE: Final = QUERIES["group_delete"]
 _QUEUED_LIVE_BY_MODEL: Final = QUERIES["task_count_queued_live_by_model"]
+_UNFINISHED_FOR_MODEL: Final = QUERIES["task_count_unfinished_for_model"]
+_UNFINISHED_FOR_GROUP: Final = QUERIES["task_count_unfinished_for_group"]
 
 _RETRYABLE: Final = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.MANUAL_REVIEW})
-_DEFAULT_LIMIT: Final = 50
-_NONE: Final = "-"
+#: Characters of a task's error shown in the ``tasks list`` table (the rest: ``tasks show``).
+_ERROR_SHOWN: Final = 120
 
 
 # ---------------------------------------------------------------------------------------------
-# Shared helpers (also used by engine.cli.submit)
+# Opening the engine
 
 
-def run_with_engine(config: EngineConfig, body: Callable[[Engine], Awaitable[int]]) -> int:
+async def check_schema(config: EngineConfig, urls: DatabaseUrls) -> None:
+    """Refuse a database whose schema is behind, without changing it (read-only commands).
+
+    Raises:
+        MigrationError: migrations are pending on one of the databases; the message names them
+            and ``python -m engine migrate``.
+        DatabaseError: the database cannot be reached.
+    """
+    dbc = config.database
+    async with open_database(
+        urls,
+        min_size=1,
+        max_size=1,
+        statement_cache_size=dbc.statement_cache_size,
+        lock_timeout=dbc.lock_timeout,
+        command_timeout=dbc.command_timeout,
+        attempts=dbc.connect_attempts,
+        retry_delay=dbc.connect_retry_delay,
+        application_name="engine-cli",
+        pooler=dbc.pooler,
+        listen_url=dbc.listen_url,
+    ) as db:
+        for pool in db.distinct_pools():
+            async with pool.acquire() as conn:
+                pending = await pending_migrations(conn)
+            if pending:
+                names = ", ".join(f"{m.version:04d}_{m.name}" for m in pending[:3])
+                more = f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+                raise MigrationError(
+                    f"the schema of {redact(pool.dsn)} is behind: {len(pending)} migration(s) "
+                    f"not applied ({names}{more}). Read-only commands never migrate: run "
+                    "`python -m engine migrate` (or `python -m engine run`) first"
+                )
+
+
+def run_with_engine(
+    config: EngineConfig, body: Callable[[Engine], Awaitable[int]], *, readonly: bool = False
+) -> int:
     """Open a client-only engine (no execution), run ``body`` with it, return its status.
 
+    It never creates an embedded cluster (``open_urls(create_cluster=False)``); with
+    ``readonly`` it never migrates either (:func:`check_schema` refuses a schema behind).
     Errors escape to :func:`engine.cli.main.main`, which reports them; Ctrl-C ends the command
     with ``KeyboardInterrupt`` (exit 130) after the engine closed.
     """
+    if readonly:
+        config = attrs.evolve(
+            config, database=attrs.evolve(config.database, migrate_on_start=False)
+        )
 
     async def main() -> int:
-        async with open_engine(config, control=False) as eng:
-            return await body(eng)
+        async with asyncio_loop(), open_urls(config, create_cluster=False) as urls:
+            if readonly:
+                await check_schema(config, urls)
+            async with open_engine(config, control=False, urls=urls) as eng:
+                return await body(eng)
 
     return trio.run(main)
 
 
-def _with_engine(command: EngineCommand) -> CommandFn:
-    def run(args: argparse.Namespace, config: EngineConfig) -> int:
-        return run_with_engine(config, lambda eng: command(eng, args))
+async def run_until_signal(work: Callable[[], Awaitable[None]]) -> bool:
+    """Run ``work`` until it returns or SIGINT/SIGTERM arrives; True if a signal stopped it.
 
-    return run
+    A watch or a follow ends this way: the engine then closes as usual, and the command exits
+    with :data:`~engine.cli.main.EXIT_INTERRUPTED` (130)."""
+    interrupted = False
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
 
+            async def watch() -> None:
+                nonlocal interrupted
+                async for _ in signals:
+                    interrupted = True
+                    nursery.cancel_scope.cancel(reason="interrupted")
+                    return
 
-#: The largest count the catalogue and the registry store (PostgreSQL's integer).
-INT32_MAX: Final = 2_147_483_647
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer from 1 to 2,147,483,647."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not 1 <= value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer up to {INT32_MAX:,}, got {value}"
-        )
-    return value
+            nursery.start_soon(watch)
+            await work()
+            nursery.cancel_scope.cancel(reason="work done")
+    return interrupted
 
 
-def task_id_arg(text: str) -> uuid.UUID:
-    """argparse type: a task id (a UUID)."""
-    try:
-        return uuid.UUID(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a task id (a UUID): {text!r}") from None
+def run_engine_command(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Run the inspection command ``args.engine_command`` (set by
+    :mod:`engine.cli.commands`) with a client-only engine; ``args.readonly`` says it only
+    reads."""
+    command = _COMMANDS[args.engine_command]
+    return run_with_engine(config, lambda eng: command(eng, args), readonly=bool(args.readonly))
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON forms
 
 
 def _json_default(value: Any) -> Any:
@@ -210,6 +311,12 @@ def dumps(document: Any) -> str:
     return json.dumps(document, default=_json_default, ensure_ascii=False)
 
 
+def _progress(value: float | None) -> float | None:
+    """A progress fraction as stored (a ``real``: 0.1 reads as 0.10000000149011612), rounded to
+    four decimals for output."""
+    return None if value is None else round(float(value), 4)
+
+
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
@@ -222,7 +329,7 @@ def task_json(task: Task) -> dict[str, Any]:
         "group_key": task.group_key,
         "status": task.status.value,
         "phase": None if task.phase is None else task.phase.value,
-        "progress": task.progress,
+        "progress": _progress(task.progress),
         "run_mode": task.run_mode.value,
         "identity": task.identity.as_dict(),
         "payload": task.payload,
@@ -249,7 +356,7 @@ def event_json(event: TaskEvent) -> dict[str, Any]:
         "type": event.type,
         "status": event.status,
         "phase": event.phase,
-        "progress": event.progress,
+        "progress": _progress(event.progress),
         "message": event.message,
         "payload": event.payload,
         "simulated": event.simulated,
@@ -317,49 +424,6 @@ def _group_json(row: Record) -> dict[str, Any]:
     }
 
 
-def printable(text: str) -> str:
-    """``text`` safe to print to an operator's terminal: control and format characters
-    (escape sequences, a carriage return, a right-to-left override) written as escapes, so
-    that what a submitter put in a task can neither drive the terminal nor disguise itself."""
-    if text.isprintable():
-        return text
-    return "".join(
-        ch.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(ch) in ("Cc", "Cf") or ch in "\u2028\u2029"
-        else ch
-        for ch in text
-    )
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return _NONE
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, datetime):
-        return _when(value)
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return printable(str(value))
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain text table: a header line, then one line per row, columns two spaces apart."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = [list(headers), *cells]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
-
-
-def _when(value: datetime) -> str:
-    """A timestamp for humans: local time, to the second."""
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
@@ -374,11 +438,12 @@ def _limit_text(limit: int | None) -> str:
 
 
 def _rate_text(row: Record) -> str:
-    """A rate limit for humans: ``10/1s`` (10 requests per second), or ``none``."""
+    """A rate limit for humans: ``10/1s`` (10 requests per second), or ``none``; ``--rate``
+    accepts it as printed."""
     rate = _rate_json(row)
     if rate["rate_limit"] is None:
         return "none"
-    return f"{rate['rate_limit']}/{rate['rate_interval']:g}s"
+    return f"{rate['rate_limit']}/{format_interval(rate['rate_interval'])}s"
 
 
 def _compact(value: Any) -> str:
@@ -389,7 +454,21 @@ def _compact(value: Any) -> str:
 # status
 
 
-async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+@attrs.frozen
+class _StatusRead:
+    """What ``status`` read, once: its JSON document and what the human view needs more."""
+
+    document: dict[str, Any]
+    instances: list[InstanceInfo]
+    schedules: list[ScheduleState]
+    leader_expires_at: datetime | None
+
+
+async def _read_status(eng: Engine) -> _StatusRead:
     capacity = await load_capacity(eng.db.coordination, eng.config.worker.hard_limit)
     instances = await list_instances(eng.db.coordination)
     job_counts = await eng.queue.counts()
@@ -408,7 +487,6 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
             "paused_at": _iso(paused.get(name)),
             "jobs": {s.value: counts.get(s.value, 0) for s in JobState},
         }
-    tasks = {s.value: task_counts.get(s.value, 0) for s in TaskStatus}
     leader_doc = (
         None
         if leader is None
@@ -418,49 +496,60 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
             "expires_at": _iso(leader["expires_at"]),
         }
     )
-    if args.json:
-        print(
-            dumps(
-                {
-                    "capacity": attrs.asdict(capacity),
-                    "leader": leader_doc,
-                    "instances": [_instance_json(i) for i in instances],
-                    "queues": queues,
-                    "tasks": tasks,
-                    "unserved_models": unserved,
-                    "schedules": [_schedule_json(x) for x in schedules],
-                }
-            )
-        )
-        return EXIT_OK
-
-    capped = ", capped" if capacity.capped else ""
-    hard = capacity.hard_limit if capacity.hard_limit > 0 else "none"
-    print(f"capacity: {capacity.capacity} (desired {capacity.desired}, hard limit {hard}{capped})")
-    print(
-        f"catalogue: {capacity.enabled_models} enabled model(s), "
-        f"{capacity.unlimited_models} unlimited; {capacity.enabled_groups} enabled group(s), "
-        f"{capacity.unlimited_groups} unlimited"
+    document = {
+        "capacity": attrs.asdict(capacity),
+        "leader": leader_doc,
+        "instances": [_instance_json(i) for i in instances],
+        "queues": queues,
+        "tasks": {s.value: task_counts.get(s.value, 0) for s in TaskStatus},
+        "unserved_models": unserved,
+        "schedules": [_schedule_json(x) for x in schedules],
+    }
+    return _StatusRead(
+        document=document,
+        instances=instances,
+        schedules=schedules,
+        leader_expires_at=None if leader is None else leader["expires_at"],
     )
-    if leader is None:
-        print("leader: none")
+
+
+def _status_view(read: _StatusRead) -> list[RenderableType]:
+    """The human form of ``status``: lines and tables, one renderable each."""
+    doc = read.document
+    capacity = doc["capacity"]
+    out: list[RenderableType] = []
+    capped = ", capped" if capacity["capped"] else ""
+    hard = capacity["hard_limit"] if capacity["hard_limit"] > 0 else "none"
+    out.append(
+        f"capacity: {capacity['capacity']} (desired {capacity['desired']}, hard limit {hard}"
+        f"{capped})"
+    )
+    out.append(
+        f"catalogue: {capacity['enabled_models']} enabled model(s), "
+        f"{capacity['unlimited_models']} unlimited; {capacity['enabled_groups']} enabled "
+        f"group(s), {capacity['unlimited_groups']} unlimited"
+    )
+    leader = doc["leader"]
+    if leader is None or read.leader_expires_at is None:
+        out.append("leader: none")
     else:
-        left = (leader["expires_at"] - datetime.now(UTC)).total_seconds()
+        left = (read.leader_expires_at - datetime.now(UTC)).total_seconds()
         term = f"term ends in {_age(left)}" if left >= 0 else f"term expired {_age(-left)} ago"
-        print(f"leader: {leader['leader_id']} ({term})")
-    print()
-    if instances:
-        print(f"instances ({len(instances)}):")
-        print(format_table(_INSTANCE_HEADERS, [_instance_row(i) for i in instances]))
+        out.append(f"leader: {printable(leader['leader_id'])} ({term})")
+    out.append("")
+    if read.instances:
+        out.append(f"instances ({len(read.instances)}):")
+        out.append(table(_INSTANCE_HEADERS, [_instance_row(i) for i in read.instances]))
     else:
-        print("instances: none registered")
-    print()
+        out.append("instances: none registered")
+    out.append("")
+    queues = doc["queues"]
     if queues:
-        print("queues:")
+        out.append("queues:")
         states = [s.value for s in JobState]
-        print(
-            format_table(
-                ["QUEUE", "PAUSED", *(s.upper() for s in states)],
+        out.append(
+            table(
+                ["QUEUE", "PAUSED", *(Col(s.upper(), drop=_STATE_DROP.get(s, 0)) for s in states)],
                 [
                     [name, q["paused"], *(q["jobs"][s] for s in states)]
                     for name, q in queues.items()
@@ -468,20 +557,70 @@ async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
             )
         )
     else:
-        print("queues: none")
-    print()
-    print("tasks: " + ", ".join(f"{status} {n}" for status, n in tasks.items()))
-    for name, n in unserved.items():
+        out.append("queues: none")
+    out.append("")
+    counts = Text("tasks: ")
+    for n, (status, count) in enumerate(doc["tasks"].items()):
+        if n:
+            counts.append(", ")
+        counts.append(status_text(status))
+        counts.append(f" {count}")
+    out.append(counts)
+    for name, n in doc["unserved_models"].items():
         noun = "task" if n == 1 else "tasks"
-        print(f"model {printable(name)}: {n} queued {noun}, no live instance serves it")
-    if schedules:
-        print()
-        print(f"schedules ({len(schedules)}):")
-        print(format_table(_SCHEDULE_HEADERS, [_schedule_row(x) for x in schedules]))
+        out.append(f"model {printable(name)}: {n} queued {noun}, no live instance serves it")
+    if read.schedules:
+        out.append("")
+        out.append(f"schedules ({len(read.schedules)}):")
+        out.append(table(_SCHEDULE_HEADERS, [_schedule_row(x) for x in read.schedules]))
+    return out
+
+
+async def _watch_status(eng: Engine, args: argparse.Namespace, interval: float) -> int:
+    from rich.live import Live
+
+    console = make_console()
+
+    async def json_lines() -> None:
+        while True:
+            print(dumps((await _read_status(eng)).document), flush=True)
+            await trio.sleep(interval)
+
+    async def plain() -> None:
+        first = True
+        while True:
+            view = _status_view(await _read_status(eng))
+            print_out(console, *([] if first else [""]), f"at {when(datetime.now(UTC))}", *view)
+            first = False
+            await trio.sleep(interval)
+
+    async def live() -> None:
+        with Live(console=console, auto_refresh=False, vertical_overflow="crop") as screen:
+            while True:
+                view = _status_view(await _read_status(eng))
+                head = f"at {when(datetime.now(UTC))}, every {interval:g} s (Ctrl-C to stop)"
+                screen.update(Group(Text(head, style="dim"), *view), refresh=True)
+                await trio.sleep(interval)
+
+    work = json_lines if args.json else live if console.is_terminal else plain
+    await run_until_signal(work)
+    return EXIT_INTERRUPTED
+
+
+async def _cmd_status(eng: Engine, args: argparse.Namespace) -> int:
+    if args.watch is not None:
+        return await _watch_status(eng, args, float(args.watch))
+    read = await _read_status(eng)
+    if args.json:
+        print(dumps(read.document))
+        return EXIT_OK
+    print_out(make_console(), *_status_view(read))
     return EXIT_OK
 
 
-_SCHEDULE_HEADERS = ["NAME", "TIMING", "SUBMITS", "LAST PERIOD", "NEXT", "SUBMITTED", "ERROR"]
+_SCHEDULE_HEADERS: Final = (
+    "NAME", "TIMING", "SUBMITS", "LAST PERIOD", "NEXT", "SUBMITTED", Col("ERROR", cut=True),
+)  # fmt: skip
 
 
 def _schedule_row(state: ScheduleState) -> list[Any]:
@@ -511,7 +650,7 @@ async def _cmd_schedules_list(eng: Engine, args: argparse.Namespace) -> int:
     if not schedules:
         print("no schedules (a leader declares them when it starts: docs/schedules.md)")
         return EXIT_OK
-    print(format_table(_SCHEDULE_HEADERS, [_schedule_row(x) for x in schedules]))
+    print_out(make_console(), table(_SCHEDULE_HEADERS, [_schedule_row(x) for x in schedules]))
     return EXIT_OK
 
 
@@ -540,15 +679,19 @@ def _models_cell(models: tuple[str, ...] | None) -> str:
 
 
 _INSTANCE_HEADERS: Final = (
-    "INSTANCE", "STATUS", "ALLOCATED", "DESIRED", "SAFE", "ACTIVE", "PREPARING", "WAITING",
-    "FINALIZING", "PRESSURE", "HEARTBEAT", "MODELS",
+    Col("INSTANCE", keep=True), "STATUS", "ALLOCATED", Col("DESIRED", drop=3),
+    Col("SAFE", drop=4), "ACTIVE", Col("PREPARING", drop=6), Col("WAITING", drop=5),
+    Col("FINALIZING", drop=7), Col("PRESSURE", cut=True), Col("HEARTBEAT", drop=2),
+    Col("MODELS", drop=1),
 )  # fmt: skip
+#: The job-state columns of ``status`` a narrow terminal leaves out first (render.Col).
+_STATE_DROP: Final = {"pending": 5, "discarded": 4, "cancelled": 3, "scheduled": 2, "retryable": 1}
 
 
 def _instance_row(i: InstanceInfo) -> list[Any]:
     pressure = i.pressure_state + (f" ({i.pressure_reason})" if i.pressure_reason else "")
     return [
-        i.instance_id, i.status, i.allocated, i.desired_capacity, i.safe_capacity,
+        i.instance_id, status_text(i.status), i.allocated, i.desired_capacity, i.safe_capacity,
         i.active_tasks, i.preparing_tasks, i.waiting_upstream_tasks, i.finalizing_tasks,
         pressure, f"{_age(i.heartbeat_age)} ago", _models_cell(i.models),
     ]  # fmt: skip
@@ -558,51 +701,82 @@ def _instance_row(i: InstanceInfo) -> list[Any]:
 # tasks
 
 
+# ---------------------------------------------------------------------------------------------
+# tasks
+
+
+def _error_text(error: Any) -> str | None:
+    """A task's error in one line: ``code: message``, cut to a table's measure."""
+    if error is None:
+        return None
+    if isinstance(error, dict) and ("code" in error or "message" in error):
+        text = ": ".join(str(error[k]) for k in ("code", "message") if error.get(k) is not None)
+    else:
+        text = _compact(error)
+    return text if len(text) <= _ERROR_SHOWN else text[: _ERROR_SHOWN - 1] + "…"
+
+
 async def _cmd_tasks_list(eng: Engine, args: argparse.Namespace) -> int:
-    tasks = await eng.list_tasks(
-        status=None if args.status is None else TaskStatus(args.status),
-        model=args.model,
-        limit=args.limit,
+    created_before: datetime | None = None
+    cursor: tuple[datetime | None, uuid.UUID | None] = (None, None)
+    if isinstance(args.before, uuid.UUID):
+        anchor = await _get_task(eng, args.before)
+        cursor = (anchor.created_at, anchor.id)
+    elif args.before is not None:
+        created_before = args.before
+    rows = await eng.db.tasks.fetch(
+        _TASK_PAGE,
+        args.status,
+        args.model,
+        args.tenant,
+        None,  # group_key
+        None,  # created at or after
+        created_before,
+        *cursor,
+        args.limit,
     )
+    tasks = [Task.from_record(r) for r in rows]
     if args.json:
         print(dumps({"tasks": [task_json(t) for t in tasks]}))
         return EXIT_OK
     if not tasks:
         print("no tasks")
         return EXIT_OK
-    print(
-        format_table(
-            ["ID", "STATUS", "MODEL", "MODE", "ATTEMPTS", "CREATED", "FINISHED"],
-            [
-                [t.id, t.status, t.model, t.run_mode, t.attempts, t.created_at, t.finished_at]
-                for t in tasks
-            ],
-        )
-    )
-    print(
-        f"{len(tasks)} task(s), newest first"
-        + (" (--limit reached)" if len(tasks) == args.limit else "")
-    )
+    # On a narrow terminal the error is cut first, then MODE, ATTEMPTS, FINISHED, TENANT and
+    # CREATED are left out in that order (render.Col).
+    headers: list[str | Col] = [
+        Col("ID", keep=True), "STATUS", "MODEL", Col("TENANT", drop=2), Col("MODE", drop=5),
+        Col("ATTEMPTS", drop=4), Col("CREATED", drop=1), Col("FINISHED", drop=3),
+        Col("ERROR", cut=True),
+    ]  # fmt: skip
+    rows_out = [
+        [
+            t.id, status_text(t.status), t.model, t.identity.tenant_id, t.run_mode.value,
+            t.attempts, t.created_at, t.finished_at, _error_text(t.error),
+        ]
+        for t in tasks
+    ]  # fmt: skip
+    footer = f"{len(tasks)} task(s), newest first"
+    if len(tasks) == args.limit:
+        footer += f"; the next page: tasks list --before {tasks[-1].id}"
+    print_out(make_console(), table(headers, rows_out), footer)
     return EXIT_OK
 
 
-async def _get_task(eng: Engine, task_id: uuid.UUID) -> Task:
-    task = await eng.get(task_id)
-    if task is None:
-        raise TaskNotFound(f"no task {task_id}")
-    return task
+def _plain(value: Any) -> str:
+    return cell(value).plain
 
 
 def _print_task(task: Task) -> None:
     identity = {k: v for k, v in task.identity.as_dict().items() if v is not None}
     fields: list[tuple[str, Any]] = [
         ("id", task.id),
-        ("status", task.status),
-        ("phase", task.phase),
+        ("status", task.status.value),
+        ("phase", None if task.phase is None else task.phase.value),
         ("progress", f"{task.progress:.0%}"),
         ("model", task.model),
         ("group", task.group_key),
-        ("run mode", task.run_mode),
+        ("run mode", task.run_mode.value),
         ("identity", ", ".join(f"{k}={v}" for k, v in identity.items())),
         ("attempts", task.attempts),
         ("job", task.river_job_id),
@@ -621,7 +795,7 @@ def _print_task(task: Task) -> None:
     ]
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
-        print(f"{name + ':':<{width + 1}} {_cell(value)}")
+        print(f"{name + ':':<{width + 1}} {_plain(value)}")
 
 
 async def _cmd_tasks_show(eng: Engine, args: argparse.Namespace) -> int:
@@ -635,15 +809,24 @@ async def _cmd_tasks_show(eng: Engine, args: argparse.Namespace) -> int:
     if not events:
         print("events: none")
         return EXIT_OK
-    print(f"events ({len(events)}):")
-    print(
-        format_table(
-            ["AT", "TYPE", "STATUS", "PHASE", "PROGRESS", "INSTANCE", "MESSAGE"],
+    print(f"events ({len(events)}):", flush=True)
+    print_out(
+        make_console(),
+        table(
+            [
+                "AT",
+                "TYPE",
+                "STATUS",
+                Col("PHASE", drop=2),
+                Col("PROGRESS", drop=1),
+                Col("INSTANCE", drop=3),
+                Col("MESSAGE", cut=True),
+            ],
             [
                 [
                     None if e.at is None else e.at.astimezone().strftime("%H:%M:%S.%f")[:-3],
                     e.type,
-                    e.status,
+                    None if e.status is None else status_text(e.status),
                     e.phase,
                     None if e.progress is None else f"{e.progress:.0%}",
                     e.instance_id,
@@ -651,9 +834,16 @@ async def _cmd_tasks_show(eng: Engine, args: argparse.Namespace) -> int:
                 ]
                 for e in events
             ],
-        )
+        ),
     )
     return EXIT_OK
+
+
+async def _get_task(eng: Engine, task_id: uuid.UUID) -> Task:
+    task = await eng.get(task_id)
+    if task is None:
+        raise TaskNotFound(f"no task {task_id}")
+    return task
 
 
 async def _cmd_tasks_cancel(eng: Engine, args: argparse.Namespace) -> int:
@@ -744,13 +934,6 @@ def default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _json_arg(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-
-
 async def _cmd_tasks_resolve(eng: Engine, args: argparse.Namespace) -> int:
     if args.resubmit and not args.may_run_twice:
         raise TaskError(
@@ -781,6 +964,10 @@ async def _cmd_tasks_resolve(eng: Engine, args: argparse.Namespace) -> int:
 # jobs and queues
 
 
+# ---------------------------------------------------------------------------------------------
+# jobs and queues
+
+
 async def _cmd_jobs_list(eng: Engine, args: argparse.Namespace) -> int:
     jobs = await eng.queue.list(
         state=None if args.state is None else JobState(args.state),
@@ -793,13 +980,23 @@ async def _cmd_jobs_list(eng: Engine, args: argparse.Namespace) -> int:
     if not jobs:
         print("no jobs")
         return EXIT_OK
-    print(
-        format_table(
-            ["ID", "STATE", "QUEUE", "KIND", "ATTEMPT", "TASK", "SCHEDULED", "FINALIZED"],
+    print_out(
+        make_console(),
+        table(
+            [
+                "ID",
+                "STATE",
+                "QUEUE",
+                Col("KIND", drop=3),
+                Col("ATTEMPT", drop=4),
+                Col("TASK", keep=True),
+                Col("SCHEDULED", drop=2),
+                Col("FINALIZED", drop=1),
+            ],
             [
                 [
                     j.id,
-                    j.state,
+                    status_text(j.state),
                     j.queue,
                     j.kind,
                     f"{j.attempt}/{j.max_attempts}",
@@ -809,9 +1006,9 @@ async def _cmd_jobs_list(eng: Engine, args: argparse.Namespace) -> int:
                 ]
                 for j in jobs
             ],
-        )
+        ),
+        f"{len(jobs)} job(s), newest first",
     )
-    print(f"{len(jobs)} job(s), newest first")
     return EXIT_OK
 
 
@@ -824,9 +1021,9 @@ async def _print_queue(eng: Engine, name: str, args: argparse.Namespace) -> int:
         doc = {"name": name, "paused": paused_at is not None, "paused_at": _iso(paused_at)}
         print(dumps({"queue": doc}))
     elif paused_at is not None:
-        print(f"queue {name}: paused since {_when(paused_at)}; running jobs go on")
+        print(f"queue {printable(name)}: paused since {when(paused_at)}; running jobs go on")
     else:
-        print(f"queue {name}: running (not paused)")
+        print(f"queue {printable(name)}: running (not paused)")
     return EXIT_OK
 
 
@@ -858,6 +1055,10 @@ async def _cmd_queue_resume(eng: Engine, args: argparse.Namespace) -> int:
 # models and groups
 
 
+# ---------------------------------------------------------------------------------------------
+# models and groups
+
+
 async def _cmd_models_list(eng: Engine, args: argparse.Namespace) -> int:
     rows = await eng.db.coordination.fetch(_MODEL_LIST)
     if args.json:
@@ -866,8 +1067,9 @@ async def _cmd_models_list(eng: Engine, args: argparse.Namespace) -> int:
     if not rows:
         print("no models")
         return EXIT_OK
-    print(
-        format_table(
+    print_out(
+        make_console(),
+        table(
             ["NAME", "ENABLED", "LIMIT", "RATE", "PROVIDER", "UPDATED"],
             [
                 [
@@ -880,8 +1082,51 @@ async def _cmd_models_list(eng: Engine, args: argparse.Namespace) -> int:
                 ]
                 for r in rows
             ],
-        )
+        ),
     )
+    return EXIT_OK
+
+
+def _refuse_delete(kind: str, name: str, unfinished: int, hint: str) -> EngineError:
+    noun = "task uses" if unfinished == 1 else "tasks use"
+    return EngineError(
+        f"{kind} {printable(name)!r} is not deleted: {unfinished} queued or running {noun} it "
+        f"(`python -m engine tasks list {hint}`); cancel them or let them finish, then delete "
+        "it again"
+    )
+
+
+async def _cmd_models_delete(eng: Engine, args: argparse.Namespace) -> int:
+    name: str = args.name
+    if await eng.db.coordination.fetchrow(_MODEL_GET, name) is None:
+        raise EngineError(f"no model named {printable(name)!r} (see `models list`)")
+    unfinished = int(await eng.db.tasks.fetchval(_UNFINISHED_FOR_MODEL, name))
+    if unfinished:
+        raise _refuse_delete("model", name, unfinished, f"--model {printable(name)}")
+    row = await eng.db.coordination.fetchrow(_MODEL_DELETE, name, CATALOG_CHANNEL)
+    if row is None:  # someone else deleted it meanwhile
+        raise EngineError(f"no model named {printable(name)!r} (see `models list`)")
+    if args.json:
+        print(dumps({"model": _model_json(row), "deleted": True}))
+    else:
+        print(f"model {printable(name)} deleted")
+    return EXIT_OK
+
+
+async def _cmd_groups_delete(eng: Engine, args: argparse.Namespace) -> int:
+    key: str = args.key
+    if await _group_row(eng, key) is None:
+        raise EngineError(f"no group named {printable(key)!r} (see `groups list`)")
+    unfinished = int(await eng.db.tasks.fetchval(_UNFINISHED_FOR_GROUP, key))
+    if unfinished:
+        raise _refuse_delete("group", key, unfinished, "--status queued")
+    row = await eng.db.coordination.fetchrow(_GROUP_DELETE, key, CATALOG_CHANNEL)
+    if row is None:
+        raise EngineError(f"no group named {printable(key)!r} (see `groups list`)")
+    if args.json:
+        print(dumps({"group": _group_json(row), "deleted": True}))
+    else:
+        print(f"group {printable(key)} deleted")
     return EXIT_OK
 
 
@@ -910,22 +1155,6 @@ def _new_rate(args: argparse.Namespace, current: Record | None) -> tuple[int | N
     return current["rate_limit"], float(current["rate_interval"])
 
 
-def _rate_arg(text: str) -> tuple[int, float]:
-    """argparse type of ``--rate``: ``N/S``, N requests (an integer > 0) per S seconds (> 0)."""
-    count, sep, seconds = text.strip().partition("/")
-    try:
-        limit = int(count)
-        interval = float(seconds)
-    except ValueError:
-        limit, interval = 0, 0.0
-    if not sep or not 0 < limit <= INT32_MAX or not 0 < interval <= 86_400 * 366:
-        raise argparse.ArgumentTypeError(
-            f"expected N/S (N requests, 1 to {INT32_MAX:,}, per S seconds, more than 0 and at "
-            f"most a year; e.g. 10/1), got {text!r}"
-        )
-    return limit, interval
-
-
 async def _cmd_models_set(eng: Engine, args: argparse.Namespace) -> int:
     current = await eng.db.coordination.fetchrow(_MODEL_GET, args.name)
     rate_limit, rate_interval = _new_rate(args, current)
@@ -950,8 +1179,9 @@ async def _cmd_models_set(eng: Engine, args: argparse.Namespace) -> int:
         verb = "created" if current is None else "updated"
         state = "enabled" if row["enabled"] else "disabled"
         print(
-            f"model {row['name']} {verb}: {state}, limit {_limit_text(row['concurrency_limit'])}, "
-            f"rate {_rate_text(row)}, provider {row['provider']}"
+            f"model {printable(row['name'])} {verb}: {state}, "
+            f"limit {_limit_text(row['concurrency_limit'])}, rate {_rate_text(row)}, "
+            f"provider {printable(row['provider'])}"
         )
     return EXIT_OK
 
@@ -964,8 +1194,9 @@ async def _cmd_groups_list(eng: Engine, args: argparse.Namespace) -> int:
     if not rows:
         print("no groups")
         return EXIT_OK
-    print(
-        format_table(
+    print_out(
+        make_console(),
+        table(
             ["KEY", "ENABLED", "LIMIT", "RATE", "UPDATED"],
             [
                 [
@@ -977,7 +1208,7 @@ async def _cmd_groups_list(eng: Engine, args: argparse.Namespace) -> int:
                 ]
                 for r in rows
             ],
-        )
+        ),
     )
     return EXIT_OK
 
@@ -1011,121 +1242,28 @@ async def _cmd_groups_set(eng: Engine, args: argparse.Namespace) -> int:
         verb = "created" if current is None else "updated"
         state = "enabled" if row["enabled"] else "disabled"
         print(
-            f"group {row['key']} {verb}: {state}, limit {_limit_text(row['concurrency_limit'])}, "
-            f"rate {_rate_text(row)}"
+            f"group {printable(row['key'])} {verb}: {state}, "
+            f"limit {_limit_text(row['concurrency_limit'])}, rate {_rate_text(row)}"
         )
     return EXIT_OK
 
 
-# ---------------------------------------------------------------------------------------------
-# Parser
-
-
-def _leaf(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    command: EngineCommand,
-    help: str,
-) -> argparse.ArgumentParser:
-    parser = commands.add_parser(name, help=help, description=help)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.set_defaults(cli_run=_with_engine(command))
-    return parser
-
-
-def _group(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
-) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    parser = commands.add_parser(name, help=help, description=help)
-    return parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND", required=True)
-
-
-def _catalogue_options(parser: argparse.ArgumentParser) -> None:
-    limit = parser.add_mutually_exclusive_group()
-    limit.add_argument(
-        "--limit", type=positive_int, metavar="N", help="concurrency limit (running tasks)"
-    )
-    limit.add_argument("--unlimited", action="store_true", help="remove the concurrency limit")
-    rate = parser.add_mutually_exclusive_group()
-    rate.add_argument(
-        "--rate",
-        type=_rate_arg,
-        metavar="N/S",
-        help="rate limit: at most N requests per S seconds (e.g. 10/1)",
-    )
-    rate.add_argument("--no-rate", action="store_true", help="remove the rate limit")
-    enabled = parser.add_mutually_exclusive_group()
-    enabled.add_argument("--enable", dest="enabled", action="store_const", const=True)
-    enabled.add_argument("--disable", dest="enabled", action="store_const", const=False)
-
-
-def add_inspect_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``status``, ``tasks``, ``jobs``, ``queue``, ``models``, ``schedules`` and ``groups``
-    to the CLI.
-
-    Each leaf command stores its runner as ``cli_run`` (a :data:`CommandFn`).
-    """
-    _leaf(commands, "status", _cmd_status, "capacity, instances, queues, task counts, the leader")
-
-    tasks = _group(commands, "tasks", "list, show, cancel, retry and resolve tasks")
-    tasks_list = _leaf(tasks, "list", _cmd_tasks_list, "list tasks, newest first")
-    tasks_list.add_argument("--status", choices=[s.value for s in TaskStatus])
-    tasks_list.add_argument("--model", metavar="M")
-    tasks_list.add_argument("--limit", type=positive_int, default=_DEFAULT_LIMIT, metavar="N")
-    for name, command, text in [
-        ("show", _cmd_tasks_show, "show a task and its events"),
-        ("cancel", _cmd_tasks_cancel, "cancel a queued or running task"),
-        ("retry", _cmd_tasks_retry, "queue a failed, cancelled or manual_review task again"),
-    ]:
-        _leaf(tasks, name, command, text).add_argument("id", type=task_id_arg, metavar="ID")
-    resolve = _leaf(
-        tasks,
-        "resolve",
-        _cmd_tasks_resolve,
-        "decide a manual_review task: mark it succeeded or failed, or resubmit it",
-    )
-    resolve.add_argument("id", type=task_id_arg, metavar="ID")
-    decision = resolve.add_mutually_exclusive_group(required=True)
-    decision.add_argument("--succeeded", action="store_true", help="mark it succeeded")
-    decision.add_argument("--failed", action="store_true", help="mark it failed")
-    decision.add_argument(
-        "--resubmit",
-        action="store_true",
-        help="queue it again: the upstream call is made again (needs --may-run-twice)",
-    )
-    resolve.add_argument(
-        "--result", type=_json_arg, metavar="JSON", help="the result, with --succeeded"
-    )
-    resolve.add_argument("--reason", required=True, help="why (recorded in the task's events)")
-    resolve.add_argument("--actor", help="who decides (default: user@host)")
-    resolve.add_argument(
-        "--may-run-twice",
-        action="store_true",
-        help="confirm that a resubmitted task may run upstream twice",
-    )
-
-    jobs = _group(commands, "jobs", "inspect queue jobs")
-    jobs_list = _leaf(jobs, "list", _cmd_jobs_list, "list jobs, newest first")
-    jobs_list.add_argument("--state", choices=[s.value for s in JobState])
-    jobs_list.add_argument("--queue", metavar="Q")
-    jobs_list.add_argument("--limit", type=positive_int, default=_DEFAULT_LIMIT, metavar="N")
-
-    queue = _group(commands, "queue", "pause or resume a queue in every process")
-    _leaf(queue, "pause", _cmd_queue_pause, "stop fetching from a queue").add_argument("name")
-    _leaf(queue, "resume", _cmd_queue_resume, "fetch from a queue again").add_argument("name")
-
-    models = _group(commands, "models", "the model catalogue")
-    _leaf(models, "list", _cmd_models_list, "list models")
-    models_set = _leaf(models, "set", _cmd_models_set, "create or change a model")
-    models_set.add_argument("name", metavar="NAME")
-    _catalogue_options(models_set)
-    models_set.add_argument("--provider", metavar="P", help="provider of live tasks")
-
-    schedules = _group(commands, "schedules", "periodic schedules")
-    _leaf(schedules, "list", _cmd_schedules_list, "list schedules, their last and next periods")
-
-    groups = _group(commands, "groups", "the group catalogue")
-    _leaf(groups, "list", _cmd_groups_list, "list groups")
-    groups_set = _leaf(groups, "set", _cmd_groups_set, "create or change a group")
-    groups_set.add_argument("key", metavar="KEY")
-    _catalogue_options(groups_set)
+#: The inspection commands by the key :mod:`engine.cli.commands` stores as ``engine_command``.
+_COMMANDS: Final[dict[str, EngineCommand]] = {
+    "status": _cmd_status,
+    "tasks list": _cmd_tasks_list,
+    "tasks show": _cmd_tasks_show,
+    "tasks cancel": _cmd_tasks_cancel,
+    "tasks retry": _cmd_tasks_retry,
+    "tasks resolve": _cmd_tasks_resolve,
+    "jobs list": _cmd_jobs_list,
+    "queue pause": _cmd_queue_pause,
+    "queue resume": _cmd_queue_resume,
+    "models list": _cmd_models_list,
+    "models set": _cmd_models_set,
+    "models delete": _cmd_models_delete,
+    "schedules list": _cmd_schedules_list,
+    "groups list": _cmd_groups_list,
+    "groups set": _cmd_groups_set,
+    "groups delete": _cmd_groups_delete,
+}

@@ -4,7 +4,16 @@ Usage: ``python -m engine [global options] [COMMAND]``; ``run`` is the default c
 options come before the command:
 
 ``--config FILE``, ``--database-url URL``, ``--data-dir DIR``, ``--set SECTION.FIELD=VALUE``
-(repeatable), ``--version``, ``--help``.
+(repeatable), ``--json`` (the same as the command's own ``--json``, which may come after it),
+``-v`` / ``-vv`` (log INFO / DEBUG lines), ``--version``, ``--help``.
+
+Logging: the service's commands (``run``, ``migrate``, ``db``, ``demo``, ``dashboard``) log at
+``logging.level``; the client commands (``submit`` and the inspection commands) log warnings and
+errors only, so that their output is what they print, unless ``-v`` asks for INFO lines.
+
+``--help`` and a usage error answer without importing trio, asyncpg or the configuration: this
+module and the parsers (:mod:`engine.cli.commands`) use the standard library only, and each
+command imports what it needs when it runs.
 
 Configuration is read by :func:`engine.config.load_config` (defaults < TOML file <
 ``ENGINE_*`` environment < command line); ``--database-url`` and ``--data-dir`` are shorthands
@@ -33,9 +42,11 @@ Commands:
 ``db url``
     Print a URL of the ``engine`` database that psql accepts (creating the database if
     missing). The embedded server must be running (``db start``).
-``submit``, ``status``, ``tasks``, ``jobs``, ``queue``, ``models``, ``groups``
+``submit``, ``status``, ``tasks``, ``jobs``, ``queue``, ``models``, ``groups``, ``schedules``
     Submit tasks and inspect or control the engine from a client-only engine; see
-    :mod:`engine.cli.submit` and :mod:`engine.cli.inspect` (``--json`` shapes there).
+    :mod:`engine.cli.submit` and :mod:`engine.cli.inspect` (``--json`` shapes there). They
+    never create an embedded cluster: without one in ``data_dir`` they say so and exit 2; and
+    the read-only ones never migrate (a schema behind is an error, exit 1).
 
 The ``db`` commands manage the embedded server only. With ``database.url`` set, ``db url``
 prints that URL unchanged (password included: it is for your own tools) and exits 0, while
@@ -44,8 +55,10 @@ exit 2, the status of a configuration that contradicts the command.
 
 Exit status: 0 success (including a graceful shutdown of ``run``); 1 an engine error (printed as
 ``engine: error: ...``) or an unexpected one (printed with its traceback); 2 invalid
-configuration or usage; 3 ``db status`` found the server not running (as ``pg_ctl status``);
-130 interrupted (Ctrl-C, or a second signal during shutdown).
+configuration or usage (a ``data_dir`` without an embedded cluster, for the client commands, is
+one); 3 ``db status`` found the server not running (as ``pg_ctl status``);
+130 interrupted (Ctrl-C, also when it stops ``submit --follow`` or ``status --watch``, or a second
+signal during shutdown).
 
 Errors escaping trio nurseries and trio-asyncio arrive wrapped in exception groups
 (``ExceptionGroup[ExceptionGroup[X]]``); :func:`main` flattens them and
@@ -55,7 +68,6 @@ reports the engine errors inside as one message each, without a traceback.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -64,31 +76,20 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Final, NoReturn
-
-import attrs
-import trio
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from engine._version import __version__
-from engine.cli.catalogue import DEMO_SIMULATION, install_demo_catalogue
-from engine.config import EngineConfig, config_problems_exit_code, load_config
-from engine.db import embedded
-from engine.db.bridge import asyncio_loop
-from engine.db.database import open_database
-from engine.db.dsn import redact, replace_database
-from engine.db.migrate import MigrationReport
-from engine.db.resolve import (
-    ENGINE_DATABASE,
-    embedded_data_dir,
-    ensure_database_blocking,
-    migrate_databases,
-    open_urls,
-)
-from engine.errors import ConfigError, EngineError, leaves
-from engine.logs import configure_logging
-from engine.providers.simulated import SimulatedProvider
-from engine.service.engine import Engine
-from engine.service.root import serve
+from engine.cli.args import join_dash_values
+from engine.cli.commands import add_client_commands, add_json_option
+
+# Only the standard library at import: `--help` and a usage error answer without loading trio,
+# asyncpg or the configuration (engine_tests/cli/test_startup.py). Each command imports what it
+# needs.
+if TYPE_CHECKING:
+    import trio
+
+    from engine.config import EngineConfig
+    from engine.service.engine import Engine
 
 __all__ = [
     "EXIT_ERROR",
@@ -98,6 +99,7 @@ __all__ = [
     "EXIT_USAGE",
     "build_parser",
     "entry",
+    "log_level",
     "main",
 ]
 
@@ -106,8 +108,8 @@ log = logging.getLogger("engine.cli")
 EXIT_OK: Final = 0
 #: An engine error or an unexpected exception.
 EXIT_ERROR: Final = 1
-#: Invalid configuration or command line (as argparse).
-EXIT_USAGE: Final = config_problems_exit_code
+#: Invalid configuration or command line (as argparse; ``engine.config.config_problems_exit_code``).
+EXIT_USAGE: Final = 2
 #: ``db status``: the embedded server is not running (as ``pg_ctl status``).
 EXIT_NOT_RUNNING: Final = 3
 #: Interrupted by Ctrl-C, or a second SIGINT/SIGTERM during a graceful shutdown.
@@ -122,21 +124,24 @@ commands:
   db stop             stop the embedded server (unless `engine run` still uses it)
   db status [--json]  describe the embedded server
   db url              print a psql-ready URL of the engine database
-  status              capacity, instances, queues, task counts and the leader
-  submit --model M    submit tasks (--count N, --payload JSON, --follow to watch them)
+  status [--watch]    capacity, instances, queues, task counts and the leader
+  submit --model M    submit tasks (--count N, --payload JSON|@FILE|-, --follow to watch them)
   tasks list|show|cancel|retry|resolve   inspect and control tasks
   jobs list           list queue jobs
   queue pause|resume NAME        stop or restart fetching from a queue everywhere
-  models list|set     the model catalogue and its concurrency limits
-  groups list|set     the group catalogue and its concurrency limits
-  (the inspection commands take --json; see `COMMAND --help`)
+  models list|set|delete   the model catalogue and its concurrency and rate limits
+  groups list|set|delete   the group catalogue and its concurrency and rate limits
+  schedules list      periodic schedules, their last and next periods
+  (the inspection commands take --json, before or after them; they never create an embedded
+  cluster, and the read-only ones never migrate; see `COMMAND --help`)
 
 exit status:
   {EXIT_OK}    success, including a graceful shutdown of `run`
   {EXIT_ERROR}    an error (`engine: error: ...`)
   {EXIT_USAGE}    invalid configuration or command line
   {EXIT_NOT_RUNNING}    `db status`: the embedded server is not running
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, or a second signal during shutdown)
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, also of `submit --follow` and `status --watch`, or a
+       second signal during shutdown)
 
 Settings come from defaults, the TOML file (--config or ENGINE_CONFIG), ENGINE_<SECTION>_<FIELD>
 environment variables and --set, each overriding the one before.
@@ -185,6 +190,19 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
         default=[],
         help="set one setting, e.g. --set queue.fetch_cooldown=0.01 (repeatable)",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (the commands that can; the same as COMMAND --json)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more: -v logs INFO lines, which the client commands (submit, status, tasks, "
+        "...) leave out by default; -vv logs DEBUG",
+    )
     parser.add_argument("--version", action="version", version=f"engine {__version__}")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -201,28 +219,36 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     db_commands.add_parser("start", help="start the embedded server and keep it running")
     db_commands.add_parser("stop", help="stop the embedded server")
     status = db_commands.add_parser("status", help="describe the embedded server")
-    status.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(status)
     db_commands.add_parser("url", help="print a psql-ready URL of the engine database")
     bench = commands.add_parser("bench", help="run benchmark scenarios and print their figures")
     bench.add_argument("scenario", help="a scenario name, or 'all'")
-    bench.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    bench.add_argument(
+        "--json",
+        dest="json_file",
+        type=Path,
+        metavar="FILE",
+        help="also write the figures as JSON",
+    )
     bench.add_argument("--markdown", type=Path, metavar="FILE", help="also write a markdown table")
     bench.add_argument("--quick", action="store_true", help="a tenth of the work, for smoke tests")
-    # Imported here: these modules use this one's exit codes. Their leaf commands store their
-    # runner as ``cli_run``, which _dispatch calls.
-    from engine.cli.dashboard import add_dashboard_command
-    from engine.cli.demo import add_demo_command
-    from engine.cli.inspect import add_inspect_commands
-    from engine.cli.submit import add_submit_command
-
-    add_submit_command(commands)
-    add_demo_command(commands)
-    add_dashboard_command(commands)
-    add_inspect_commands(commands)
+    bench.add_argument(
+        "--tasks", type=int, metavar="N", help="how many tasks, for scenarios that take it (http)"
+    )
+    bench.add_argument(
+        "--minutes",
+        type=float,
+        metavar="M",
+        help="how long, for scenarios that run for a while (soak; default 60)",
+    )
+    # Their leaf commands store their runner as ``cli_run``, which _dispatch calls.
+    add_client_commands(commands)
     return parser
 
 
 def _load(args: argparse.Namespace) -> EngineConfig:
+    from engine.config import load_config
+
     overrides: dict[str, object] = dict(args.settings)
     if args.database_url is not None:
         overrides["database.url"] = args.database_url
@@ -261,8 +287,7 @@ async def _watch_signals(signals: AsyncIterator[int], shutdown: _Shutdown) -> No
             shutdown.work.cancel(reason=f"{name} received")
         elif count == 2 and shutdown.on_second is not None:
             print(
-                f"engine: {name} again: requeueing running tasks now "
-                "(once more to exit at once)",
+                f"engine: {name} again: requeueing running tasks now (once more to exit at once)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -281,6 +306,8 @@ async def _until_signal(body: Callable[[_Shutdown], Awaitable[None]]) -> str | N
     second calls ``shutdown.on_second`` if ``body`` set it (else it exits), the third ends the
     process at once with :data:`EXIT_INTERRUPTED`.
     """
+    import trio
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             shutdown = _Shutdown(trio.CancelScope())
@@ -299,6 +326,8 @@ def service_config(config: EngineConfig) -> EngineConfig:
     """The configuration as the command line's service runs it: metrics and the dashboard on
     unless ``metrics.enabled`` / ``dashboard.enabled`` say otherwise (an embedded engine has
     them off unless it says on)."""
+    import attrs
+
     if config.metrics.enabled is None:
         config = attrs.evolve(config, metrics=attrs.evolve(config.metrics, enabled=True))
     if config.dashboard.enabled is None:
@@ -311,6 +340,12 @@ async def start_service(
 ) -> Engine:
     """Start the service tree in ``nursery`` as the command line runs it (demo simulation,
     demo catalogue on an empty database) and print where its metrics are."""
+    import functools
+
+    from engine.cli.catalogue import DEMO_SIMULATION, install_demo_catalogue
+    from engine.providers.simulated import SimulatedProvider
+    from engine.service.root import serve
+
     eng: Engine = await nursery.start(
         functools.partial(
             serve, service_config(config), simulated=SimulatedProvider(DEMO_SIMULATION)
@@ -328,6 +363,10 @@ async def start_service(
 
 
 def _cmd_run(config: EngineConfig) -> int:
+    import trio
+
+    from engine.db.dsn import redact
+
     async def run(shutdown: _Shutdown) -> None:
         async with trio.open_nursery() as nursery:
             eng = await start_service(config, nursery, shutdown)
@@ -349,6 +388,13 @@ def _format_versions(versions: Sequence[int]) -> str:
 
 
 def _cmd_migrate(config: EngineConfig) -> int:
+    import trio
+
+    from engine.db.bridge import asyncio_loop
+    from engine.db.database import open_database
+    from engine.db.migrate import MigrationReport
+    from engine.db.resolve import migrate_databases, open_urls
+
     reports: list[tuple[str, MigrationReport]] = []
 
     async def run_migrations(_shutdown: _Shutdown) -> None:
@@ -363,14 +409,14 @@ def _cmd_migrate(config: EngineConfig) -> int:
                 statement_cache_size=db_config.statement_cache_size,
                 lock_timeout=db_config.lock_timeout,
                 command_timeout=db_config.command_timeout,
+                pooler=db_config.pooler,
+                listen_url=db_config.listen_url,
                 attempts=db_config.connect_attempts,
                 retry_delay=db_config.connect_retry_delay,
                 application_name="engine-migrate",
             ) as db,
         ):
-            reports.extend(
-                await migrate_databases(db, river_indexes=config.queue.river_indexes)
-            )
+            reports.extend(await migrate_databases(db, river_indexes=config.queue.river_indexes))
 
     if trio.run(_until_signal, run_migrations) is not None:
         print("engine: migration interrupted", file=sys.stderr)
@@ -386,6 +432,8 @@ def _cmd_migrate(config: EngineConfig) -> int:
 
 
 def _external_server_error(config: EngineConfig, command: str) -> int:
+    from engine.db.dsn import redact
+
     assert config.database.url is not None
     print(
         f"engine: error: `db {command}` manages the embedded PostgreSQL server, but "
@@ -398,6 +446,9 @@ def _external_server_error(config: EngineConfig, command: str) -> int:
 
 
 def _cmd_db_start(config: EngineConfig) -> int:
+    from engine.db import embedded
+    from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
+
     data_dir = embedded_data_dir(config)
     server = embedded.acquire(data_dir, pin=True)
     ensure_database_blocking(server.dsn("postgres"), ENGINE_DATABASE)
@@ -411,11 +462,17 @@ def _cmd_db_start(config: EngineConfig) -> int:
 
 
 def _cmd_db_stop(config: EngineConfig) -> int:
+    from engine.db import embedded
+    from engine.db.resolve import embedded_data_dir
+
     print(embedded.stop(embedded_data_dir(config)))
     return EXIT_OK
 
 
 def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
+    from engine.db import embedded
+    from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir
+
     st = embedded.status(embedded_data_dir(config))
     url = (
         embedded.EmbeddedServer(st.data_dir, st.port).dsn(ENGINE_DATABASE)
@@ -448,6 +505,10 @@ def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
 
 
 def _cmd_db_url(config: EngineConfig) -> int:
+    from engine.db import embedded
+    from engine.db.dsn import replace_database
+    from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
+
     if config.database.url:
         print(config.database.url)
         return EXIT_OK
@@ -470,9 +531,11 @@ def _cmd_bench(config: EngineConfig, args: argparse.Namespace) -> int:
     run_benchmarks(
         config,
         [args.scenario],
-        json_path=args.json,
+        json_path=args.json_file,
         markdown_path=args.markdown,
         quick=args.quick,
+        tasks=args.tasks,
+        minutes=args.minutes,
     )
     return EXIT_OK
 
@@ -508,6 +571,10 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
 
 def _report_failure(exc: BaseException) -> int:
     """Print ``exc`` for the user and return the exit status."""
+    import trio
+
+    from engine.errors import ConfigError, EngineError, leaves
+
     # Cancelled only travels next to the error that caused the cancellation.
     found = list(leaves(exc))
     found = [e for e in found if not isinstance(e, trio.Cancelled)] or found
@@ -542,13 +609,36 @@ def entry() -> NoReturn:
     sys.exit(code)
 
 
+def log_level(args: argparse.Namespace, configured: str) -> int:
+    """The level the command logs at: ``logging.level`` for the service's commands (``-v``:
+    at least INFO, ``-vv``: DEBUG); for the client commands (``quiet_logs``: submit and the
+    inspection commands) WARNING and above only, unless ``-v`` (INFO) or ``-vv`` (DEBUG) asks
+    for more, so their output is what they print."""
+    level = logging.getLevelName(configured.upper())
+    level = level if isinstance(level, int) else logging.INFO
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    if verbose >= 2:
+        return logging.DEBUG
+    if verbose == 1:
+        return min(level, logging.INFO)
+    if getattr(args, "quiet_logs", False):
+        return max(level, logging.WARNING)
+    return level
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     parser = build_parser(_prog(sys.argv[0] if sys.argv else ""))
-    args = parser.parse_args(argv)  # exits 2 on a usage error, 0 for --help / --version
+    raw = list(sys.argv[1:] if argv is None else argv)
+    # Exits 2 on a usage error, 0 for --help / --version.
+    args = parser.parse_args(join_dash_values(raw))
+    if args.json is True and not getattr(args, "json_capable", False):
+        parser.error(f"--json: `{args.command or 'run'}` has no JSON output")
     try:
+        from engine.logs import configure_logging
+
         config = _load(args)
-        configure_logging(config.logging.format, config.logging.level)
+        configure_logging(config.logging.format, log_level(args, config.logging.level))
         return _dispatch(args, config)
     except BaseException as exc:
         if isinstance(exc, SystemExit):

@@ -36,7 +36,7 @@ from engine.db.bridge import asyncio_loop, connect
 from engine.db.database import Database, DatabaseUrls
 from engine.db.dsn import redact, replace_database
 from engine.db.migrate import MigrationReport, migrate
-from engine.errors import DatabaseError, UniqueViolation
+from engine.errors import ConfigError, DatabaseError, DataDirError, UniqueViolation
 
 __all__ = [
     "ENGINE_DATABASE",
@@ -44,6 +44,7 @@ __all__ = [
     "embedded_data_dir",
     "ensure_database",
     "ensure_database_blocking",
+    "existing_cluster",
     "external_urls",
     "migrate_databases",
     "open_urls",
@@ -81,6 +82,27 @@ def external_urls(config: EngineConfig) -> DatabaseUrls | None:
 def embedded_data_dir(config: EngineConfig) -> Path:
     """The embedded server's data directory: ``data_dir`` or the platform default."""
     return config.data_dir or embedded.default_data_dir()
+
+
+def existing_cluster(data_dir: Path) -> None:
+    """Check that ``data_dir`` holds an embedded cluster already, for the commands that must
+    never create one (a typo in ``data_dir`` would otherwise get a new, empty cluster).
+
+    Raises:
+        DataDirError: no engine data directory (or no cluster in it) at ``data_dir``; the
+            message says how to create one.
+    """
+    data_dir = Path(data_dir).expanduser().resolve()
+    # The embedded module's layout: its marker file and the cluster's PG_VERSION.
+    if (data_dir / "engine-pg.json").is_file() and (data_dir / "pgdata" / "PG_VERSION").is_file():
+        return
+    what = "directory" if not data_dir.exists() else "cluster"
+    raise DataDirError(
+        f"no engine data {what} at {data_dir}: nothing was created. Create one with "
+        "`python -m engine db start` (or `python -m engine run`), fix data_dir "
+        "(--data-dir, ENGINE_DATA_DIR), or point database.url (--database-url, "
+        "ENGINE_DATABASE_URL) at a server"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -198,8 +220,13 @@ def database_urls(config: EngineConfig) -> Iterator[DatabaseUrls]:
 
 
 @contextlib.asynccontextmanager
-async def open_urls(config: EngineConfig) -> AsyncIterator[DatabaseUrls]:
+async def open_urls(
+    config: EngineConfig, *, create_cluster: bool = True
+) -> AsyncIterator[DatabaseUrls]:
     """Async :func:`database_urls` for trio code: the blocking start and stop run in threads.
+
+    ``create_cluster=False`` (the command line's client commands) starts an embedded cluster
+    that exists but never creates one: :func:`existing_cluster` raises first.
 
     Cancellation while the server starts waits for the start to finish (a half-started server
     is not left behind), and the release at the end runs shielded, so a cancelled block still
@@ -214,6 +241,8 @@ async def open_urls(config: EngineConfig) -> AsyncIterator[DatabaseUrls]:
         yield urls
         return
     data_dir = embedded_data_dir(config)
+    if not create_cluster:
+        await trio.to_thread.run_sync(existing_cluster, data_dir)
     server = await trio.to_thread.run_sync(embedded.acquire, data_dir)
     try:
         log.info(
@@ -237,26 +266,50 @@ async def migrate_databases(
     ``river_indexes``: also build River's optional indexes (``queue.river_indexes``).
 
     Every role's database gets the full schema, so a separate coordination database has the
-    tables it needs; one shared database is migrated once.
+    tables it needs; one shared database is migrated once. Behind a transaction pooler the
+    migrator runs on a connection of the pool's direct URL (``database.listen_url``): its
+    advisory lock spans several transactions.
 
     Raises:
         MigrationError: a migration failed.
         DatabaseError: the database failed underneath.
+        ConfigError: a pool is behind a transaction pooler and has no direct URL.
     """
     reports: list[tuple[str, MigrationReport]] = []
+    done: set[str] = set()
     for pool in db.distinct_pools():
-        async with pool.acquire() as conn:
-            report = await migrate(conn, river_indexes=river_indexes)
+        if pool.pooler == "none":
+            target = pool.dsn
+            async with pool.acquire() as conn:
+                report = await migrate(conn, river_indexes=river_indexes)
+        else:
+            if pool.listen_dsn is None:
+                raise ConfigError(
+                    [
+                        f"cannot migrate {redact(pool.dsn)} through a transaction pooler "
+                        "(database.pooler): migrations hold an advisory lock across "
+                        "transactions. Set database.listen_url to a direct URL of the database"
+                    ]
+                )
+            target = pool.listen_dsn
+            if target in done:
+                continue
+            direct = await connect(target, application_name="engine-migrate")
+            try:
+                report = await migrate(direct, river_indexes=river_indexes)
+            finally:
+                await direct.close()
+        done.add(target)
         log.info(
             "migrated database",
             extra={
                 "event": "database_migrated",
-                "url": redact(pool.dsn),
+                "url": redact(target),
                 "applied": list(report.applied),
                 "skipped": list(report.skipped),
                 "already": len(report.already),
                 "indexes_created": list(report.indexes_created),
             },
         )
-        reports.append((redact(pool.dsn), report))
+        reports.append((redact(target), report))
     return reports

@@ -6,13 +6,13 @@ Setup and checks go straight to the database through the ``conn`` fixture. ``sub
 needs tasks to run: those tests open an executing engine in this process while the child
 follows. Every wait is on a condition with a deadline; nothing sleeps and hopes.
 
-The last section covers the progress display in-process (terminal and plain output).
+The last section covers the plain progress display in-process (the terminal's, drawn with rich,
+is covered in a pseudo-terminal by engine_tests/cli/test_progress_tty.py).
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import signal
@@ -21,7 +21,6 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
@@ -36,6 +35,7 @@ from engine.db.sqlfiles import QUERIES
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
 from engine.tasks.models import TaskStatus
+from engine_tests.cli.conftest import Result
 
 DEADLINE = 30.0
 MODEL = "sim-model"
@@ -50,34 +50,6 @@ SUMMARY = re.compile(r"^(\d+) tasks?: (.+) \((?:interrupted after )?\d+\.\d s\)$
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
-
-
-class Result:
-    """A finished child: exit status and decoded output."""
-
-    def __init__(self, proc: subprocess.CompletedProcess[bytes]) -> None:
-        self.code = proc.returncode
-        self.out = proc.stdout.decode()
-        self.err = proc.stderr.decode()
-
-    def __repr__(self) -> str:
-        return f"Result(code={self.code}, out={self.out!r}, err={self.err!r})"
-
-    def ok(self) -> str:
-        """Assert exit 0 without a traceback; return stdout."""
-        assert self.code == 0, self
-        assert "Traceback" not in self.err, self.err
-        return self.out
-
-    def json(self) -> Any:
-        """Assert exit 0 and one JSON document on stdout; return it."""
-        return json.loads(self.ok())
-
-    def error(self, code: int = 1) -> str:
-        """Assert exit ``code`` without a traceback; return stderr."""
-        assert self.code == code, self
-        assert "Traceback" not in self.err, self.err
-        return self.err
 
 
 class Cli:
@@ -586,7 +558,7 @@ async def test_submit_follow_until_every_task_is_final(
 
 
 @pytest.mark.slow
-async def test_submit_follow_interrupted_exits_1(cli: Cli, model: str) -> None:
+async def test_submit_follow_interrupted_exits_130(cli: Cli, model: str) -> None:
     # Nothing executes: the tasks stay queued until SIGINT stops the follow.
     finished: list[subprocess.CompletedProcess[bytes]] = []
 
@@ -617,7 +589,7 @@ async def test_submit_follow_interrupted_exits_1(cli: Cli, model: str) -> None:
                 while chunk := await proc.stdout.receive_some():
                     seen += chunk
     (result,) = finished
-    assert result.returncode == 1, (seen, result.stderr)
+    assert result.returncode == 130, (seen, result.stderr)
     last = seen.decode().splitlines()[-1]
     assert last.startswith("2 tasks: 2 queued (interrupted after "), last
     assert "engine: interrupted; the tasks go on" in result.stderr.decode()
@@ -637,18 +609,6 @@ def test_summary_line() -> None:
         "3 tasks: 1 succeeded, 1 running, 1 missing (interrupted after 2.0 s)"
     )
     assert Progress(total=1, counts={"cancelled": 1}).summary() == "1 task: 1 cancelled (0.0 s)"
-
-
-def test_terminal_display_redraws_one_line() -> None:
-    stream = io.StringIO()
-    display = ProgressDisplay(stream, tty=True)
-    display.update(Progress(total=4, counts={"queued": 3, "succeeded": 1}, elapsed=0.3))
-    display.update(Progress(total=4, counts={"succeeded": 4}, elapsed=0.6))
-    display.finish(Progress(total=4, counts={"succeeded": 4}, elapsed=0.6))
-    frames = stream.getvalue().split("\r")
-    assert frames[1] == "[######------------------] 1/4 final  3 queued, 1 succeeded  0.3 s\x1b[K"
-    assert frames[2].startswith("[########################] 4/4 final  4 succeeded  0.6 s")
-    assert frames[3] == "\x1b[K4 tasks: 4 succeeded (0.6 s)\n"
 
 
 def test_plain_display_prints_changes_at_most_once_a_second() -> None:

@@ -54,3 +54,21 @@ WITH upserted AS (
 )
 SELECT upserted.*, pg_notify($6, json_build_object('group', $1::text)::text) IS NOT NULL AS notified
 FROM upserted;
+
+-- name: model_delete
+-- Remove a model from the catalogue (`models delete`). $1 name. NOTIFY $2 so capacity refreshes
+-- at once. Returns the deleted row, none if there was no such model.
+WITH deleted AS (
+    DELETE FROM engine_model WHERE name = $1 RETURNING *
+)
+SELECT deleted.*, pg_notify($2, json_build_object('model', $1::text)::text) IS NOT NULL AS notified
+FROM deleted;
+
+-- name: group_delete
+-- Remove a group from the catalogue (`groups delete`). $1 key. NOTIFY $2 so capacity refreshes
+-- at once. Returns the deleted row, none if there was no such group.
+WITH deleted AS (
+    DELETE FROM engine_group WHERE key = $1 RETURNING *
+)
+SELECT deleted.*, pg_notify($2, json_build_object('group', $1::text)::text) IS NOT NULL AS notified
+FROM deleted;

@@ -45,8 +45,10 @@ SELECT * FROM retried;
 UPDATE engine_task SET river_job_id = $2, updated_at = now() WHERE id = $1;
 
 -- name: task_count_by_status_for_ids
--- Counts per status of the given tasks, for progress displays. $1 id[].
-SELECT status, count(*) AS n FROM engine_task WHERE id = ANY($1::uuid[]) GROUP BY status;
+-- Counts per status of the given tasks, and the sum of their progress (0..1, as providers
+-- report it), for progress displays. $1 id[].
+SELECT status, count(*) AS n, coalesce(sum(progress), 0)::float8 AS progress
+FROM engine_task WHERE id = ANY($1::uuid[]) GROUP BY status;
 
 -- name: task_count_queued_live_by_model
 -- Queued live tasks per model, for status: their jobs go only to instances serving the model.
@@ -114,3 +116,11 @@ events AS (
     FROM resubmitted
 )
 SELECT * FROM resubmitted;
+
+-- name: task_count_unfinished_for_model
+-- Queued and running tasks of model $1 (from engine_task_live_index), before `models delete`.
+SELECT count(*) FROM engine_task WHERE status IN ('queued', 'running') AND model = $1;
+
+-- name: task_count_unfinished_for_group
+-- Queued and running tasks of group $1 (from engine_task_live_index), before `groups delete`.
+SELECT count(*) FROM engine_task WHERE status IN ('queued', 'running') AND group_key = $1;
