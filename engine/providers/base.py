@@ -19,6 +19,19 @@ process for that long). A provider whose upstream recognises a repeated submissi
 idempotency key derived from the task) declares ``idempotent_submit = True``
 (:func:`submits_idempotently`): the engine then retries an ambiguous submission instead of
 sending the task to manual review.
+
+Optional parts a provider may have (providers without them keep working unchanged):
+
+- ``lifespan()``: an async context manager the service enters once before it runs any task
+  and exits at shutdown (a shared HTTP client, a connection pool); what it yields is each
+  task's :attr:`~engine.providers.context.TaskContext.resources`.
+- ``callback_poll_interval`` and ``parse_callback(headers, body)``: the upstream finishes jobs
+  by calling back ``POST /hooks/<task id>`` (:func:`callback_poll_interval`); the run then
+  polls only every ``callback_poll_interval`` seconds, as a fallback for a lost callback.
+
+During any provider method, :func:`engine.current_task_context` is the task's
+:class:`~engine.providers.context.TaskContext` (progress reports, the callback URL, the
+resources).
 """
 
 from __future__ import annotations
@@ -31,11 +44,14 @@ from engine.tasks.models import Task
 
 __all__ = [
     "AmbiguousSubmission",
+    "Callback",
+    "CallbackRefused",
     "NotSubmitted",
     "PollResult",
     "Provider",
     "ProviderError",
     "UpstreamBusy",
+    "callback_poll_interval",
     "submits_idempotently",
 ]
 
@@ -90,6 +106,44 @@ class PollResult:
     progress: float | None = None
 
 
+class CallbackRefused(Exception):
+    """A callback that is not authentic or cannot be read: ``POST /hooks/<task id>`` answers
+    ``status`` (401: signature or timestamp; 400: an unreadable body) with ``reason``."""
+
+    def __init__(self, reason: str, *, status: int = 401) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+@attrs.frozen
+class Callback:
+    """A verified callback: what it says about the upstream job, and which delivery it is.
+
+    Attributes:
+        result: the job's state, as a poll would have answered it.
+        delivery: names this delivery (a hash of its signature): a second callback with the
+            same delivery for the same task is a replay and is refused.
+        upstream_id: the upstream's id of the job it is about, when the body says; a
+            callback about another job than the task's is ignored.
+    """
+
+    result: PollResult
+    delivery: str
+    upstream_id: str | None = None
+
+
+def callback_poll_interval(provider: object) -> float | None:
+    """The seconds between fallback polls of a provider whose upstream calls back, or None
+    when it does not (``callback_poll_interval`` unset, or no ``parse_callback``)."""
+    interval = getattr(provider, "callback_poll_interval", None)
+    if interval is None or not callable(getattr(provider, "parse_callback", None)):
+        return None
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
+        return None
+    return float(interval)
+
+
 def submits_idempotently(provider: object) -> bool:
     """True when ``provider`` declares ``idempotent_submit = True``: calling ``submit`` again for
     the same task returns the upstream job of the first call instead of starting another (an
@@ -103,7 +157,8 @@ def submits_idempotently(provider: object) -> bool:
 class Provider(Protocol):
     """What the engine needs from an upstream integration.
 
-    Optional: ``idempotent_submit: bool`` (see :func:`submits_idempotently`).
+    Optional: ``idempotent_submit: bool`` (see :func:`submits_idempotently`); ``lifespan()``,
+    ``callback_poll_interval`` and ``parse_callback`` (see the module docstring).
     """
 
     #: Seconds between polls.

@@ -148,6 +148,9 @@ class Task:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: The last upstream call was made with an idempotency key: if its answer was lost, the
+    #: call may be made again with the same key (recovery requeues the task, no manual review).
+    submitted_idempotently: bool = False
 
     @property
     def is_final(self) -> bool:
@@ -187,6 +190,8 @@ class Task:
             updated_at=rec["updated_at"],
             started_at=rec["started_at"],
             finished_at=rec["finished_at"],
+            # Rows read before migration 0014 (or by a narrower SELECT) have no such column.
+            submitted_idempotently=bool(rec.get("submitted_idempotently", False)),
         )
 
 

@@ -1,9 +1,11 @@
 """Task notifications: finished tasks wake waiters, cancel requests reach their executions.
 
-One LISTEN connection carries both channels. ``engine_task_finished`` is sent by a trigger on
+One LISTEN connection carries every channel. ``engine_task_finished`` is sent by a trigger on
 every write that makes a task final, whoever wrote it; ``engine_task_cancel`` by
-``cancel()`` for a running task. After a reconnect every waiter re-reads its task, because a
-notification sent while we were away is gone.
+``cancel()`` for a running task; ``engine_task_callback`` by the statement that records a
+verified upstream callback (``POST /hooks/<task id>``), waking the task's execution. After a
+reconnect every waiter re-reads its task, and every execution waiting for a callback re-reads
+its callbacks, because a notification sent while we were away is gone.
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ import trio
 
 from engine.db.listen import RESYNC, Listener
 
-__all__ = ["CANCEL_CHANNEL", "FINISHED_CHANNEL", "TaskNotices"]
+__all__ = ["CALLBACK_CHANNEL", "CANCEL_CHANNEL", "FINISHED_CHANNEL", "TaskNotices"]
 
 FINISHED_CHANNEL = "engine_task_finished"
 CANCEL_CHANNEL = "engine_task_cancel"
+CALLBACK_CHANNEL = "engine_task_callback"
 
 
 class TaskNotices:
-    """Waiters per task and the cancel hook; run it as a service."""
+    """Waiters per task, the cancel hook and the callback hook; run it as a service.
 
-    def __init__(self, dsn: str, on_cancel: Callable[[uuid.UUID], object]) -> None:
-        self.listener = Listener(dsn, [FINISHED_CHANNEL, CANCEL_CHANNEL])
+    ``on_callback(task_id)`` is called for each recorded callback, and ``on_callback(None)``
+    after a reconnect (every execution should look again).
+    """
+
+    def __init__(
+        self,
+        dsn: str | None,
+        on_cancel: Callable[[uuid.UUID], object],
+        on_callback: Callable[[uuid.UUID | None], object] | None = None,
+    ) -> None:
+        self.listener = Listener(dsn, [FINISHED_CHANNEL, CANCEL_CHANNEL, CALLBACK_CHANNEL])
         self.on_cancel = on_cancel
+        self.on_callback = on_callback
         self._waiters: dict[uuid.UUID, set[trio.Event]] = defaultdict(set)
 
     def waiter(self, task_id: uuid.UUID) -> trio.Event:
@@ -57,6 +70,8 @@ class TaskNotices:
                 if note == RESYNC:
                     for task_id in list(self._waiters):
                         self._wake(task_id)
+                    if self.on_callback is not None:
+                        self.on_callback(None)
                     continue
                 try:
                     task_id = uuid.UUID(note.payload)
@@ -66,3 +81,5 @@ class TaskNotices:
                     self._wake(task_id)
                 elif note.channel == CANCEL_CHANNEL:
                     self.on_cancel(task_id)
+                elif note.channel == CALLBACK_CHANNEL and self.on_callback is not None:
+                    self.on_callback(task_id)

@@ -74,16 +74,19 @@ from engine.load.retry_delay import worker_load_retry_delay
 from engine.providers.base import (
     AmbiguousSubmission,
     NotSubmitted,
+    PollResult,
     Provider,
     ProviderError,
     UpstreamBusy,
+    callback_poll_interval,
     submits_idempotently,
 )
+from engine.providers.context import TaskContext, task_context
 from engine.providers.throttle import UpstreamThrottle
 from engine.queue.job import Job, JobSnooze
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
-from engine.tasks.store import EventWriter, TaskStore
+from engine.tasks.store import EventWriter, ProgressReport, TaskStore
 
 __all__ = ["LeaseKeeper", "TaskQueued", "TaskRunArgs", "TaskRunner"]
 
@@ -185,6 +188,19 @@ class _Execution:
         self.upstream_ref: str | None = None
         self.provider: Provider | None = None
         self._guards: list[trio.CancelScope] = []
+        #: Set when a callback for the task was recorded (or may have been): look again.
+        self.woken = trio.Event()
+
+    def wake(self) -> None:
+        """Cut the current wait between polls short: a callback may be waiting."""
+        self.woken.set()
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until ``deadline`` (trio time) or until woken, whichever is first."""
+        with trio.move_on_at(deadline):
+            await self.woken.wait()
+        if self.woken.is_set():
+            self.woken = trio.Event()
 
     def cancel(self, reason: str) -> None:
         """Cancel the execution, including a shielded upstream call in progress."""
@@ -225,6 +241,19 @@ class LeaseKeeper:
             return False
         execution.cancel_requested = True
         execution.cancel("task cancelled")
+        return True
+
+    def wake(self, task_id: uuid.UUID | None) -> bool:
+        """Wake the execution of ``task_id`` in this process (every execution for None) from
+        its wait between polls: a callback was recorded for it. False if none runs here."""
+        if task_id is None:
+            for each in list(self.running.values()):
+                each.wake()
+            return bool(self.running)
+        execution = self.running.get(task_id)
+        if execution is None:
+            return False
+        execution.wake()
         return True
 
     async def run_once(self) -> None:
@@ -306,6 +335,13 @@ class TaskRunner:
         self.on_phase: Callable[[str, float, str], None] | None = None
         #: Called with the task each time an execution starts running it (metrics).
         self.on_started: Callable[[Task], None] | None = None
+        #: Where this process serves ``POST /hooks/<task id>`` (``http://host:port``), or None
+        #: when it serves no hooks: then providers' callbacks are not waited for, and every
+        #: model polls at its ``poll_interval``.
+        self.hooks_base_url: str | None = None
+        #: What each model's provider ``lifespan()`` yielded at service start, by model name
+        #: (each task's ``TaskContext.resources``).
+        self.resources: dict[str, Any] = {}
 
     def provider_for(self, task: Task) -> Provider | None:
         """The simulated provider for simulation runs, else the one registered for the model;
@@ -482,10 +518,21 @@ class TaskRunner:
                 raise TaskQueued((current.next_run_at - now).total_seconds())
             raise LeaseUnavailable()  # leased elsewhere, final, missing or being cancelled
         task = run.task = claimed
-        if task.submitted_at is not None and task.upstream_ref is None:
+        provider = self.provider_for(task)
+        if (
+            task.submitted_at is not None
+            and task.upstream_ref is None
+            and not (
+                task.submitted_idempotently
+                and (provider is None or submits_idempotently(provider))
+            )
+        ):
             # A previous execution started the upstream call and never recorded its answer:
             # submitting again could run it twice upstream. Any instance can say so,
             # with or without a provider, and the claim made it running whatever its limits.
+            # A call made with an idempotency key is made again below, with the same key (the
+            # upstream answers with the job the lost call started); an instance without the
+            # provider hands it back to one that has it.
             self._started(run, task)
             await self._finish(
                 task,
@@ -497,7 +544,6 @@ class TaskRunner:
                 },
             )
             raise ManualReview()
-        provider = self.provider_for(task)
         if provider is None:
             # Checked before admission and before any provider method: this process cannot
             # run the task, so it must not fail it, hold a slot for it, or count an attempt.
@@ -541,16 +587,47 @@ class TaskRunner:
         execution = _Execution(task.id, token)
         execution.provider = provider
         self.keeper.running[task.id] = execution
+        context = self.context_for(task, token)
         try:
-            with execution.scope:
-                await self._run_provider(task, token, lease, execution)
-            if execution.lease_lost:
-                raise LeaseUnavailable("the execution lease was lost")
-            if execution.scope.cancelled_caught:
-                await self._cancelled(task, token, execution)
+            with task_context(context):
+                with execution.scope:
+                    await self._run_provider(task, token, lease, execution, context)
+                if execution.lease_lost:
+                    raise LeaseUnavailable("the execution lease was lost")
+                if execution.scope.cancelled_caught:
+                    await self._cancelled(task, token, execution)
         finally:
             if self.keeper.running.get(task.id) is execution:
                 del self.keeper.running[task.id]
+
+    def context_for(self, task: Task, token: uuid.UUID) -> TaskContext:
+        """The :class:`TaskContext` of one execution of ``task`` (token ``token``)."""
+        base = self.hooks_base_url
+        return TaskContext(
+            task,
+            token,
+            resources=None if task.simulated else self.resources.get(task.model),
+            callback_url=None if base is None else f"{base.rstrip('/')}/hooks/{task.id}",
+            sink=self._report_progress,
+        )
+
+    def _report_progress(
+        self, context: TaskContext, fraction: float, progress: float, message: str | None
+    ) -> None:
+        task = context.task
+        self.events.report_progress(
+            ProgressReport(
+                task.id,
+                context.token,
+                context.phase.value,
+                progress,
+                fraction,
+                message,
+                task.simulated,
+                self.instance_id,
+                datetime.now(UTC),
+            )
+        )
 
     def _started(self, run: _Run, task: Task) -> None:
         run.started = True
@@ -613,16 +690,23 @@ class TaskRunner:
         raise TaskQueued(self.handback_delay)
 
     async def _run_provider(
-        self, task: Task, token: uuid.UUID, lease: LoadLease | None, execution: _Execution
+        self,
+        task: Task,
+        token: uuid.UUID,
+        lease: LoadLease | None,
+        execution: _Execution,
+        context: TaskContext,
     ) -> None:
         provider = execution.provider
         assert provider is not None  # set by _execute
         ref: str | None = task.upstream_ref
+        resumed = ref is not None
         phase_started = trio.current_time()
         try:
             if ref is None:
                 prepared = await _provider_call("prepare", provider.prepare, task)
                 phase_started = self._phase_done("preparing", phase_started, task.model)
+                context.phase = TaskPhase.WAITING_UPSTREAM
                 ref = await self._submit(task, token, lease, execution, provider, prepared)
                 execution.upstream_ref = ref
                 # The reference lives only in this process until it is written: a database
@@ -643,6 +727,7 @@ class TaskRunner:
                 )
             else:
                 execution.upstream_ref = ref
+                context.phase = TaskPhase.WAITING_UPSTREAM
                 await self._enter(lease, Phase.WAITING_UPSTREAM)
                 self.emit(
                     task,
@@ -651,14 +736,11 @@ class TaskRunner:
                     phase="waiting_upstream",
                     payload={"upstream_ref": ref},
                 )
-            while True:
-                polled = await _provider_call("poll", provider.poll, task, ref)
-                if polled.done:
-                    break
-                await trio.sleep(provider.poll_interval)
+            polled = await self._wait_upstream(task, ref, provider, execution, context, resumed)
             phase_started = self._phase_done("waiting_upstream", phase_started, task.model)
             if polled.error is not None:
                 raise ProviderError(polled.error, code="upstream_failed")
+            context.phase = TaskPhase.FINALIZING
             await self._enter(lease, Phase.FINALIZING)
             # Informational, so buffered with the events rather than awaited (fenced: a write
             # that lands after the finish changes nothing).
@@ -671,6 +753,46 @@ class TaskRunner:
             )
             return
         await self._finish(task, token, TaskStatus.SUCCEEDED, result=result)
+
+    async def _wait_upstream(
+        self,
+        task: Task,
+        ref: str,
+        provider: Provider,
+        execution: _Execution,
+        context: TaskContext,
+        resumed: bool,
+    ) -> PollResult:
+        """Poll until the upstream says done, or a recorded callback does.
+
+        A provider whose upstream calls back (``callback_poll_interval``), in a process that
+        serves the hooks, is polled only every ``callback_poll_interval`` seconds (first after
+        that long, or at once for a resumed run, whose callback may have come while nobody
+        ran it): a lost callback never strands the task. Meanwhile the run sleeps until its
+        next poll or until the callback's NOTIFY wakes it, and reads the callbacks recorded
+        for the task. Whichever answers first, the outcome goes through the same fenced
+        finish. Progress in a callback that is not final is reported as the provider's (a
+        poll's progress is the provider's to report, with ``current_task_context()``).
+        """
+        fallback = callback_poll_interval(provider) if self.hooks_base_url is not None else None
+        interval = provider.poll_interval if fallback is None else fallback
+        now = trio.current_time()
+        next_poll = now if fallback is None or resumed else now + interval
+        while True:
+            if fallback is not None:
+                stored = await self.store.latest_callback(task.id)
+                # A callback about another upstream job (an earlier submission's) says nothing.
+                if stored is not None and stored.upstream_id in (None, ref):
+                    if stored.result.done:
+                        return stored.result
+                    if stored.result.progress is not None:
+                        context.report_progress(stored.result.progress)
+            if trio.current_time() >= next_poll:
+                polled = await _provider_call("poll", provider.poll, task, ref)
+                if polled.done:
+                    return polled
+                next_poll = trio.current_time() + interval
+            await execution.sleep_until(next_poll)
 
     async def _submit(
         self,
@@ -693,6 +815,7 @@ class TaskRunner:
         ``ambiguous_resubmits`` times first (never while the run is being stopped).
         """
         patience_ends = trio.current_time() + self.submit_patience
+        keyed = submits_idempotently(provider)  # recorded with each call: see task_requeue_many
         refusals = resubmits = 0
         while True:
             await self._enter(lease, Phase.WAITING_UPSTREAM)
@@ -701,7 +824,8 @@ class TaskRunner:
             # back goes back to the queue as if it had never tried.
             async with self.upstream_busy.submission(task.model) as gate:
                 if not await self._durably(
-                    "mark_submitting", lambda: self.store.mark_submitting(task.id, token)
+                    "mark_submitting",
+                    lambda: self.store.mark_submitting(task.id, token, idempotently=keyed),
                 ):
                     raise LeaseUnavailable()
                 stopping = False

@@ -22,10 +22,11 @@ from engine.db.batcher import Batcher
 from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.providers.base import PollResult
 from engine.tasks.jsoncheck import json_problem
 from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
 
-__all__ = ["EventWriter", "TaskStore", "storable_outcome"]
+__all__ = ["EventWriter", "ProgressReport", "StoredCallback", "TaskStore", "storable_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ _PHASE = QUERIES["task_set_phase_many"]
 _FINISH = QUERIES["task_finish_many"]
 _REQUEUE = QUERIES["task_requeue_many"]
 _EVENTS = QUERIES["task_event_insert_many"]
+_PROGRESS = QUERIES["task_report_progress_many"]
+_CALLBACKS = QUERIES["task_callback_latest_many"]
 #: Seconds one batch of events may take to write (shielded: a stop does not cut it).
 _WRITE_TIMEOUT = 10.0
 
@@ -79,6 +82,30 @@ def _storable(value: Any) -> tuple[str | None, str | None]:
         return None, f"is not JSON ({exc})"
 
 
+@attrs.frozen
+class StoredCallback:
+    """A callback recorded for a task (``POST /hooks/<task id>``), as the run reads it back."""
+
+    result: PollResult
+    upstream_id: str | None
+    received_at: datetime
+
+
+@attrs.frozen
+class ProgressReport:
+    """A provider's progress report of a running task, waiting to be written (fenced)."""
+
+    task_id: uuid.UUID
+    token: uuid.UUID
+    phase: str
+    progress: float
+    fraction: float
+    message: str | None
+    simulated: bool
+    instance_id: str | None
+    at: datetime
+
+
 class TaskStore:
     """Task reads and fenced writes for one process (``owner`` is its instance id)."""
 
@@ -92,6 +119,7 @@ class TaskStore:
         self._upstream = Batcher(self._upstream_many)
         self._finish = Batcher(self._finish_many)
         self._requeue = Batcher(self._requeue_many)
+        self._callbacks = Batcher(self._callbacks_many)
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -107,6 +135,28 @@ class TaskStore:
     async def _get_many(self, ids: list[uuid.UUID]) -> list[Task | None]:
         rows = await self.pool.fetch(_GET_MANY, list(set(ids)))
         found = {r["id"]: Task.from_record(r) for r in rows}
+        return [found.get(i) for i in ids]
+
+    async def latest_callback(self, task_id: uuid.UUID) -> StoredCallback | None:
+        """The task's most telling callback since it was submitted (a finished one first, then
+        the newest), or None; concurrent calls share one query."""
+        return await self._callbacks.submit(task_id)
+
+    async def _callbacks_many(self, ids: list[uuid.UUID]) -> list[StoredCallback | None]:
+        rows = await self.pool.fetch(_CALLBACKS, list(set(ids)))
+        found = {
+            r["task_id"]: StoredCallback(
+                PollResult(
+                    done=bool(r["done"]),
+                    result=None if r["result"] is None else json.loads(r["result"]),
+                    error=r["error"],
+                    progress=r["progress"],
+                ),
+                r["upstream_id"],
+                r["received_at"],
+            )
+            for r in rows
+        }
         return [found.get(i) for i in ids]
 
     # ---- the lease -------------------------------------------------------------------------
@@ -138,14 +188,21 @@ class TaskStore:
 
     # ---- fenced writes ---------------------------------------------------------------------
 
-    async def mark_submitting(self, task_id: uuid.UUID, token: uuid.UUID) -> bool:
-        """Record that the upstream call is about to be made; False if the lease is gone."""
-        return await self._submitting.submit((task_id, token))
+    async def mark_submitting(
+        self, task_id: uuid.UUID, token: uuid.UUID, *, idempotently: bool = False
+    ) -> bool:
+        """Record that the upstream call is about to be made (``idempotently``: with an
+        idempotency key, so a lost answer may be asked again); False if the lease is gone."""
+        return await self._submitting.submit((task_id, token, idempotently))
 
-    async def _submitting_many(self, items: list[tuple[uuid.UUID, uuid.UUID]]) -> list[bool]:
-        rows = await self.pool.fetch(_SUBMITTING, [i for i, _ in items], [t for _, t in items])
+    async def _submitting_many(
+        self, items: list[tuple[uuid.UUID, uuid.UUID, bool]]
+    ) -> list[bool]:
+        rows = await self.pool.fetch(
+            _SUBMITTING, [i[0] for i in items], [i[1] for i in items], [i[2] for i in items]
+        )
         held = {r["id"] for r in rows}
-        return [i in held for i, _ in items]
+        return [i[0] in held for i in items]
 
     async def record_upstream(self, task_id: uuid.UUID, token: uuid.UUID, ref: str) -> bool:
         """Record the upstream reference; False if the lease is gone."""
@@ -224,12 +281,26 @@ class EventWriter:
     fenced by the execution token, so one written after the task finished changes nothing.
     """
 
-    def __init__(self, pool: Pool, *, interval: float = 0.05, batch: int = 1000) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        interval: float = 0.05,
+        batch: int = 1000,
+        progress_interval: float = 1.0,
+    ) -> None:
         self.pool = pool
         self.interval = interval
         self.batch = batch
+        #: Seconds between two progress reports written for one task: reports in between
+        #: are coalesced (the latest wins) and written when the interval has passed.
+        self.progress_interval = progress_interval
         self._buffer: list[TaskEvent] = []
         self._phases: dict[uuid.UUID, tuple[uuid.UUID, str, float]] = {}
+        self._progress: dict[uuid.UUID, ProgressReport] = {}
+        self._progress_written: dict[uuid.UUID, float] = {}
+        #: Progress reports written (each one statement's row, fenced), for tests and metrics.
+        self.progress_written = 0
         self._wake = trio.Event()
         self.written = 0
 
@@ -248,9 +319,17 @@ class EventWriter:
         self._phases[task_id] = (token, phase.value, progress)
 
     def forget_phase(self, task_id: uuid.UUID) -> None:
-        """Drop a phase change not written yet: the task finished, so it would change nothing
-        (the write is fenced) and would only cost a statement and row locks."""
+        """Drop a phase change (and a progress report) not written yet: the task finished, so
+        it would change nothing (the write is fenced) and would only cost a statement and row
+        locks."""
         self._phases.pop(task_id, None)
+        self._progress.pop(task_id, None)
+        self._progress_written.pop(task_id, None)
+
+    def report_progress(self, report: ProgressReport) -> None:
+        """Queue a progress report (the latest per task wins); never blocks. It is written
+        with the next flush once ``progress_interval`` has passed since the task's last one."""
+        self._progress[report.task_id] = report
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Flush until cancelled, then flush what is left."""
@@ -266,7 +345,8 @@ class EventWriter:
                 await self.flush(retry=False)
 
     async def flush(self, *, retry: bool = True) -> None:
-        """Write every buffered phase change and event."""
+        """Write every buffered phase change and event, and the progress reports that are due
+        (all of them when ``retry`` is off: the last flush)."""
         if self._phases:
             phases, self._phases = self._phases, {}
             try:
@@ -282,6 +362,8 @@ class EventWriter:
                     "phase changes not written",
                     extra={"event": "phases_skipped", "error": str(exc)},
                 )
+        if self._progress:
+            await self._flush_progress(everything=not retry)
         while self._buffer:
             chunk, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
             try:
@@ -303,6 +385,45 @@ class EventWriter:
                     )
                     self._buffer.clear()
                 return
+
+    async def _flush_progress(self, *, everything: bool) -> None:
+        now = trio.current_time()
+        # Forget write times that no longer hold anything back, so the map stays small.
+        for task_id in [
+            i for i, at in self._progress_written.items() if now - at >= self.progress_interval
+        ]:
+            del self._progress_written[task_id]
+        due = [
+            r
+            for r in self._progress.values()
+            if everything or r.task_id not in self._progress_written
+        ]
+        if not due:
+            return
+        for report in due:
+            del self._progress[report.task_id]
+            self._progress_written[report.task_id] = now
+        try:
+            with trio.fail_after(_WRITE_TIMEOUT, shield=True):
+                rows = await self.pool.fetch(
+                    _PROGRESS,
+                    [r.task_id for r in due],
+                    [r.token for r in due],
+                    [r.phase for r in due],
+                    [r.progress for r in due],
+                    [r.message for r in due],
+                    [_dumps({"fraction": r.fraction}) for r in due],
+                    [r.simulated for r in due],
+                    [r.instance_id for r in due],
+                    [r.at for r in due],
+                )
+            self.progress_written += len(rows)
+        except (DatabaseError, trio.TooSlowError) as exc:
+            # Informational, like phase changes: the next report supersedes a lost one.
+            log.warning(
+                "progress reports not written",
+                extra={"event": "progress_skipped", "error": str(exc) or "write timed out"},
+            )
 
     async def _write(self, chunk: list[TaskEvent]) -> None:
         await self.pool.execute(

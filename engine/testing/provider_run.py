@@ -114,11 +114,18 @@ class _MemoryStore(TaskStore):
             i: self.task.cancel_requested_at is not None for i, t in leases if self._holds(i, t)
         }
 
-    async def mark_submitting(self, task_id: uuid.UUID, token: uuid.UUID) -> bool:
+    async def mark_submitting(
+        self, task_id: uuid.UUID, token: uuid.UUID, *, idempotently: bool = False
+    ) -> bool:
         await trio.lowlevel.checkpoint()
         if not self._holds(task_id, token) or self.task.status is not TaskStatus.RUNNING:
             return False
-        self._update(submitted_at=datetime.now(UTC), phase=TaskPhase.WAITING_UPSTREAM, progress=0.3)
+        self._update(
+            submitted_at=datetime.now(UTC),
+            submitted_idempotently=idempotently,
+            phase=TaskPhase.WAITING_UPSTREAM,
+            progress=0.3,
+        )
         return True
 
     async def record_upstream(self, task_id: uuid.UUID, token: uuid.UUID, ref: str) -> bool:

@@ -2,9 +2,12 @@
 
 ``/metrics`` is prometheus_client's own ASGI exposition (content negotiation with OpenMetrics,
 gzip, ``name[]`` filtering; ``HEAD`` too); ``/healthz`` answers 200 ``ok`` while the process
-runs; ``/readyz`` answers 200 ``ready`` while the tree serves and every supervised sibling is
-up, else 503 ``not ready``. These three need no credentials. Every other path is the dashboard
-(when it is on), behind :class:`Guard`.
+runs and its database answers, else 503 ``database unreachable``; ``/readyz`` answers 200
+``ready`` while the tree serves and every supervised sibling and condition is up, else 503
+``not ready``. These three need no credentials. ``POST /hooks/<task id>`` takes upstreams'
+callbacks (:mod:`engine.web.hooks`): authenticated by their signature, never by the
+dashboard's credentials. Every other path is the dashboard (when it is on), behind
+:class:`Guard`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ _TYPES: Final = {
     ".txt": "text/plain; charset=utf-8",
 }
 _OPEN: Final = frozenset({"/metrics", "/healthz", "/readyz"})
+#: Upstreams' callbacks: signed, machine to machine (engine.web.hooks); never the guard's.
+_HOOKS_PREFIX: Final = "/hooks/"
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 _SECURITY_HEADERS: Final = (
     (
@@ -76,9 +81,13 @@ class _MetricsEndpoint:
         await self._app(scope, receive, send)
 
 
-def _health_routes(metrics: Metrics | None, ready: Callable[[], bool]) -> list[BaseRoute]:
+def _health_routes(
+    metrics: Metrics | None, ready: Callable[[], bool], alive: Callable[[], bool]
+) -> list[BaseRoute]:
     async def healthz(request: Request) -> Response:
-        return PlainTextResponse("ok\n")
+        if alive():
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse("database unreachable\n", 503)
 
     async def readyz(request: Request) -> Response:
         try:
@@ -112,7 +121,11 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse, or pass the request on with ``state.identity`` and ``state.csrf`` set."""
-        if scope["type"] != "http" or scope["path"] in _OPEN:
+        if (
+            scope["type"] != "http"
+            or scope["path"] in _OPEN
+            or scope["path"].startswith(_HOOKS_PREFIX)
+        ):
             await self.app(scope, receive, send)
             return
         request = Request(scope)
@@ -203,12 +216,19 @@ def make_app(
     *,
     metrics: Metrics | None,
     ready: Callable[[], bool],
+    alive: Callable[[], bool] = lambda: True,
     engine: Engine | None = None,
     dashboard: DashboardConfig | None = None,
+    hooks: Engine | None = None,
 ) -> Any:
-    """The application: ``/metrics`` (when ``metrics`` is given), ``/healthz``, ``/readyz``,
-    and the dashboard when both ``engine`` and ``dashboard`` are given."""
-    routes = _health_routes(metrics, ready)
+    """The application: ``/metrics`` (when ``metrics`` is given), ``/healthz`` (``alive``),
+    ``/readyz`` (``ready``), ``POST /hooks/<task id>`` for ``hooks``' tasks (when given), and
+    the dashboard when both ``engine`` and ``dashboard`` are given."""
+    routes = _health_routes(metrics, ready, alive)
+    if hooks is not None:
+        from engine.web.hooks import hook_routes
+
+        routes += hook_routes(hooks)
     if engine is not None and dashboard is not None:
         routes += _dashboard_routes(WebContext(engine, dashboard))
         return Guard(Starlette(routes=routes), dashboard)

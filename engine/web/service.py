@@ -17,9 +17,11 @@ def http_server(
     dashboard: bool,
     host: str | None = None,
     port: int | None = None,
+    hooks: bool = False,
 ) -> WebServer:
     """The server of ``engine``: ``/metrics`` when ``metrics``, the pages when ``dashboard``,
-    the health checks always; on ``metrics.host`` and ``metrics.port`` unless given.
+    ``POST /hooks/<task id>`` when ``hooks``, the health checks always; on ``metrics.host``
+    and ``metrics.port`` unless given.
 
     Raises:
         ConfigError: the dashboard would be served off loopback without credentials.
@@ -31,7 +33,9 @@ def http_server(
     app = make_app(
         metrics=engine.metrics if metrics else None,
         ready=engine.health.ready,
+        alive=engine.health.alive,
         engine=engine if dashboard else None,
         dashboard=config.dashboard if dashboard else None,
+        hooks=engine if hooks else None,
     )
     return WebServer(app, host=bind, port=config.metrics.port if port is None else port)

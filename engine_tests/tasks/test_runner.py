@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
 from engine.errors import ConnectionLost, DatabaseError
@@ -23,7 +24,6 @@ from engine.service.engine import Engine
 from engine.service.root import open as open_engine
 from engine.tasks.models import RunMode, Task, TaskEvent, TaskStatus
 from engine.tasks.runner import TaskRunArgs
-from engine_tests.faults import TcpProxy, tcp_proxy
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 
 
@@ -300,7 +300,7 @@ async def test_row_10_real_lock_timeout_before_submission_requeues(
 async def test_row_11_anything_else_fails_the_task_and_completes(idle: Engine) -> None:
     task_id = await idle.submit(request())
 
-    async def engine_bug(task_id: uuid.UUID, token: uuid.UUID) -> bool:
+    async def engine_bug(task_id: uuid.UUID, token: uuid.UUID, **_: object) -> bool:
         raise RuntimeError("engine bug")
 
     idle.store.mark_submitting = engine_bug  # type: ignore[method-assign]

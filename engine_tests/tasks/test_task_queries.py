@@ -17,7 +17,7 @@ from engine_tests.plans import PLAN_MODES, explain_prepared
 _BATCHED: dict[str, tuple[object, ...]] = {
     "task_lease_claim_many": ("owner", 30.0),
     "task_lease_renew_many": (30.0,),
-    "task_mark_submitting_many": (),
+    "task_mark_submitting_many": ("idempotently",),
     "task_record_upstream_many": ("refs",),
     "task_set_phase_many": ("phases", "progress"),
     "task_finish_many": ("statuses", "results", "errors"),
@@ -36,6 +36,7 @@ def _args(name: str, ids: list[uuid.UUID]) -> list[object]:
         "errors": [None] * n,
         "delays": [0.0] * n,
         "only_before": [False] * n,
+        "idempotently": [False] * n,
     }
     return [ids, ids, *(filler.get(str(a), a) for a in _BATCHED[name])]
 
@@ -193,3 +194,57 @@ async def test_every_move_by_recovery_is_written_to_the_tasks_history(conn: Conn
     assert events[ambiguous]["payload"]["reason"] == "lease_expired"
     assert "resumes polling" in events[polling]["message"]
     assert events[cancelling]["simulated"] and events[polling]["instance_id"] == "me"
+
+
+async def test_an_unknown_submission_made_with_an_idempotency_key_is_requeued(
+    conn: Connection,
+) -> None:
+    """Its owner died between the call and the answer: with a key, submitting again with the
+    same key is safe, so recovery (and a live owner's requeue) puts it back in the queue with
+    its submission kept; without a key it goes to manual review, as before."""
+    rows = await conn.fetch(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 execution_token, execution_owner, lease_expires_at, attempts,
+                                 submitted_at, submitted_idempotently)
+        VALUES
+            (gen_random_uuid(), 'm', 't', 'u', 'live', '{}', 'running', gen_random_uuid(),
+             'dead', now() + interval '1 hour', 1, now(), true),
+            (gen_random_uuid(), 'm', 't', 'u', 'live', '{}', 'running', gen_random_uuid(),
+             'dead', now() + interval '1 hour', 1, now(), false),
+            (gen_random_uuid(), 'm', 't', 'u', 'live', '{}', 'running', gen_random_uuid(),
+             'alive', now() + interval '1 hour', 1, now(), true),
+            (gen_random_uuid(), 'm', 't', 'u', 'live', '{}', 'running', gen_random_uuid(),
+             'alive', now() + interval '1 hour', 1, now(), false)
+        RETURNING id, execution_token
+        """
+    )
+    keyed, unkeyed, keyed_live, unkeyed_live = rows
+    recovered = await conn.fetch(QUERIES["task_recover_interrupted_many"], ["dead"], 100, "me")
+    assert {r["id"]: r["status"] for r in recovered} == {
+        keyed["id"]: "queued",
+        unkeyed["id"]: "manual_review",
+    }
+    message = await conn.fetchval(
+        "SELECT message FROM engine_task_event WHERE task_id = $1", keyed["id"]
+    )
+    assert "made again with the same key" in message
+    # A live owner handing back after a lost connection takes the same fork.
+    live = [keyed_live, unkeyed_live]
+    requeued = await conn.fetch(
+        QUERIES["task_requeue_many"],
+        [r["id"] for r in live],
+        [r["execution_token"] for r in live],
+        [0.0, 0.0],
+        [False, False],
+    )
+    assert {r["id"]: r["status"] for r in requeued} == {
+        keyed_live["id"]: "queued",
+        unkeyed_live["id"]: "manual_review",
+    }
+    kept = await conn.fetchval(
+        "SELECT submitted_at IS NOT NULL AND submitted_idempotently FROM engine_task"
+        " WHERE id = $1",
+        keyed["id"],
+    )
+    assert kept  # the next run knows its call was made, and with a key

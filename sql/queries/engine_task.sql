@@ -176,15 +176,17 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
 RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: task_mark_submitting_many
--- Record that the upstream call is about to be made (before it is made). $1 id[], $2 token[].
+-- Record that the upstream call is about to be made (before it is made), and whether it is
+-- made with an idempotency key. $1 id[], $2 token[], $3 idempotently[].
 -- Returns the ids still held.
 -- Locks its rows in id order first (see the top of this file).
 WITH locked AS MATERIALIZED (
     SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 )
 UPDATE engine_task t
-SET submitted_at = now(), phase = 'waiting_upstream', progress = 0.3, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
+SET submitted_at = now(), submitted_idempotently = i.idempotently, phase = 'waiting_upstream',
+    progress = 0.3, updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[], $3::boolean[]) AS i(id, token, idempotently), locked l
 WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
   AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id;
@@ -260,7 +262,8 @@ FROM finished f, released;
 -- name: task_requeue_many
 -- Put running tasks back to queued and release their leases, keeping an upstream reference so
 -- the next run resumes polling instead of submitting again. A task whose upstream
--- call started but left no reference is ambiguous: it goes to manual_review instead. Scope
+-- call started but left no reference is ambiguous: it goes to manual_review instead, unless
+-- that call carried an idempotency key (the next run submits again with the same key). Scope
 -- slots and unspent rate tokens are given back. A pending claim (queued with the token: a
 -- rate limit, a stop or a database error while it waited for admission) is released the same
 -- way; its attempt was never counted.
@@ -273,11 +276,13 @@ WITH locked AS MATERIALIZED (
 requeued AS (
     UPDATE engine_task t
     SET status = CASE
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
+                 AND NOT t.submitted_idempotently THEN 'manual_review'
             ELSE 'queued'
         END,
         finished_at = CASE
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
+                 AND NOT t.submitted_idempotently THEN now()
         END,
         phase = NULL,
         execution_token = NULL,
@@ -344,7 +349,8 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
 -- Tasks whose execution is gone: they hold a token whose lease expired, or whose owner is one
 -- of $1 (owners the registry shows stale or draining too long; the caller reads them from the
 -- coordination database). A running one goes back to queued (keeping an upstream reference, so
--- the next run resumes polling); one whose submission is ambiguous goes to manual_review; one
+-- the next run resumes polling); one whose submission is ambiguous goes to manual_review (unless
+-- it was made with an idempotency key: queued, the next run submits again with that key); one
 -- whose cancel was requested is cancelled. A pending claim (queued with a token: its owner died
 -- while it waited for admission) only loses the token, so the next claim can take it. At most
 -- $2, never this process's own ($3, also the recovering instance named in the events). Every
@@ -369,18 +375,21 @@ recovered AS (
     UPDATE engine_task t
     SET status = CASE
             WHEN t.status = 'queued' THEN 'queued'
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN 'manual_review'
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
+                 AND NOT t.submitted_idempotently THEN 'manual_review'
             WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
             ELSE 'queued'
         END,
         finished_at = CASE
             WHEN t.status = 'queued' THEN NULL
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN now()
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
+                 AND NOT t.submitted_idempotently THEN now()
             WHEN t.cancel_requested_at IS NOT NULL THEN now()
         END,
         error = CASE
             WHEN t.status = 'queued' THEN t.error
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL THEN
+            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
+                 AND NOT t.submitted_idempotently THEN
                 '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
             WHEN t.cancel_requested_at IS NOT NULL THEN
                 '{"code": "cancelled", "message": "cancelled; its owner stopped first"}'
@@ -394,8 +403,8 @@ recovered AS (
         updated_at = now()
     FROM victims
     WHERE t.id = victims.id
-    RETURNING t.id, t.status, t.run_mode, t.upstream_ref, victims.was, victims.owner,
-              victims.reason
+    RETURNING t.id, t.status, t.run_mode, t.upstream_ref, t.submitted_at, victims.was,
+              victims.owner, victims.reason
 ),
 history AS (
     INSERT INTO engine_task_event (task_id, type, status, message, payload, simulated, instance_id)
@@ -410,6 +419,9 @@ history AS (
                WHEN 'cancelled' THEN 'cancelled: its owner stopped first'
                ELSE 'requeued: its owner stopped'
                     || CASE WHEN upstream_ref IS NOT NULL THEN '; the next run resumes polling'
+                            WHEN submitted_at IS NOT NULL THEN
+                                '; its submission, made with an idempotency key, is made again'
+                                || ' with the same key'
                             ELSE '' END
            END,
            jsonb_build_object('reason', reason, 'owner', owner, 'recovered_by', $3::text),

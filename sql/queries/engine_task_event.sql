@@ -15,3 +15,34 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::real[], $6::text
 -- name: task_event_list
 -- A task's events in order. $1 task id.
 SELECT * FROM engine_task_event WHERE task_id = $1 ORDER BY id;
+
+-- name: task_report_progress_many
+-- Record providers' progress reports of running tasks: the task's progress (never lowered: a
+-- report overtaken by the next phase leaves the phase's own value), and a task.progress
+-- event, both only where the execution token still holds the running task (a stale
+-- execution writes nothing). $1 id[], $2 token[], $3 phase[], $4 progress[], $5 message[],
+-- $6 payload JSON text[], $7 simulated[], $8 instance_id[], $9 at[]. Returns the ids written.
+-- Locks its rows in id order first (see the top of engine_task.sql).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+),
+reported AS (
+    UPDATE engine_task t
+    SET progress = greatest(t.progress, i.progress), updated_at = now()
+    FROM unnest($1::uuid[], $2::uuid[], $4::real[]) AS i(id, token, progress), locked l
+    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+      AND t.execution_token = i.token AND t.status = 'running'
+    RETURNING t.id
+),
+events AS (
+    INSERT INTO engine_task_event (
+        task_id, type, status, phase, progress, message, payload, simulated, instance_id, at
+    )
+    SELECT e.task_id, 'task.progress', 'running', e.phase, e.progress, e.message,
+           coalesce(e.payload::jsonb, '{}'), e.simulated, e.instance_id, e.at
+    FROM unnest($1::uuid[], $3::text[], $4::real[], $5::text[], $6::text[], $7::boolean[],
+                $8::text[], $9::timestamptz[])
+         AS e(task_id, phase, progress, message, payload, simulated, instance_id, at)
+    JOIN reported r ON r.id = e.task_id
+)
+SELECT id FROM reported;

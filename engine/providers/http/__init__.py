@@ -23,12 +23,15 @@ Polls are safe to repeat: a transient failure is retried with backoff and jitter
 from Python (``HttpModel(...)``) or from ``[[http_models]]`` tables in a TOML file
 (:func:`load_http_models`); :func:`open_http_providers` opens one shared client for them and
 yields the mapping the ``app`` setting wants. :mod:`engine.providers.http.fake` is an upstream
-of this shape for tests and benchmarks. See docs/http-providers.md.
+of this shape for tests and benchmarks. A model with an :class:`HttpCallback` section finishes
+by signed callback (``POST /hooks/<task id>``), polling only as a slow fallback. See
+docs/http-providers.md.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from engine.providers.http.description import (
+    HttpCallback,
     HttpModel,
     HttpRequestSpec,
     StatusKind,
@@ -51,6 +54,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "HttpCallback",
     "HttpModel",
     "HttpProvider",
     "HttpRequestSpec",

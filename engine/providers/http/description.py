@@ -24,7 +24,13 @@ In TOML, one ``[[http_models]]`` table per model (in a file of its own, read by
     url = "https://api.acme.example/v1/jobs/{{ upstream_id }}"
     headers = { Authorization = "Bearer {{ env.ACME_API_KEY }}" }
 
-Templates are described in :mod:`engine.providers.http.template`.
+    [http_models.callback]            # optional: the upstream calls back when a job ends
+    secret_env = "ACME_WEBHOOK_SECRET"
+    base_url = "{{ env.ENGINE_PUBLIC_URL }}"
+    poll_interval = 60
+
+(with ``callback_url = "{{ callback_url }}"`` in the submit body). Templates are described in
+:mod:`engine.providers.http.template`.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from engine.errors import ConfigError
 from engine.providers.http.template import ROOTS, names_in
 
 __all__ = [
+    "HttpCallback",
     "HttpModel",
     "HttpRequestSpec",
     "StatusKind",
@@ -109,6 +116,72 @@ class HttpRequestSpec:
         return names_in(self.url) | names_in(dict(self.headers)) | names_in(self.body)
 
 
+#: The longest timestamp tolerance of a callback: its delivery is remembered (to refuse a
+#: replay) for a day, so a tolerance beyond that would let an old delivery through again.
+MAX_CALLBACK_TOLERANCE = 86_400.0
+
+
+@attrs.frozen
+class HttpCallback:
+    """How an upstream that calls back when a job ends is heard (``POST /hooks/<task id>``).
+
+    The submit request tells the upstream where to call: ``{{ callback_url }}`` in its body or
+    headers is ``<base_url>/hooks/<task id>``. The callback is signed: an HMAC-SHA256 of
+    ``timestamp + "." + body`` under the secret (:mod:`engine.providers.http.signing`).
+
+    Attributes:
+        secret_env: the environment variable holding the shared secret.
+        signature_header: the header carrying the hex signature (``sha256=`` prefix allowed).
+        timestamp_header: the header carrying the Unix time it was signed at.
+        tolerance: seconds a timestamp may be off (old or ahead); at most a day.
+        id_path: where the job's id is in the callback body (None: the model's ``id_path``);
+            a callback about another job than the task's is ignored.
+        status_path, progress_path, result_path, error_path: where those are in the callback
+            body (None: the model's, as for a poll answer).
+        poll_interval: seconds between the fallback polls while a callback is expected
+            (instead of the model's ``poll_interval``), so a lost callback never strands a
+            task.
+        base_url: the engine's address as the upstream reaches it (a template: ``{{ env.X
+            }}``); None: the address this process serves its HTTP server on
+            (``metrics.host``, ``metrics.port``).
+    """
+
+    secret_env: str
+    signature_header: str = "X-Webhook-Signature"
+    timestamp_header: str = "X-Webhook-Timestamp"
+    tolerance: float = 300.0
+    id_path: str | None = None
+    status_path: str | None = None
+    progress_path: str | None = None
+    result_path: str | None = None
+    error_path: str | None = None
+    poll_interval: float = 60.0
+    base_url: str | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with this section (empty when it can run)."""
+        found: list[str] = []
+        if not self.secret_env:
+            found.append("callback.secret_env: must name an environment variable")
+        if not 0 < self.tolerance <= MAX_CALLBACK_TOLERANCE:
+            found.append(f"callback.tolerance: must be > 0 and <= {MAX_CALLBACK_TOLERANCE:g}")
+        if self.poll_interval < 0:
+            found.append("callback.poll_interval: must be >= 0")
+        for header in ("signature_header", "timestamp_header"):
+            if not getattr(self, header):
+                found.append(f"callback.{header}: must be a header name")
+        for used in sorted(names_in(self.base_url)):
+            if used.partition(".")[0] != "env":
+                found.append(f"callback.base_url: only {{{{ env.NAME }}}} may be used, not {used}")
+        return found
+
+
+def _callback(value: Any) -> HttpCallback | None:
+    if value is None or isinstance(value, HttpCallback):
+        return value
+    return HttpCallback(**value)
+
+
 @attrs.frozen
 class HttpModel:
     """How one model's upstream is called and read (see the module docstring for TOML).
@@ -137,6 +210,8 @@ class HttpModel:
         max_retry_after: the longest ``Retry-After`` honoured, in seconds.
         poll_retries: transient poll failures in a row before the task fails.
         poll_backoff: first backoff between those retries (doubling, with jitter).
+        callback: how the upstream calls back when a job ends, if it does
+            (:class:`HttpCallback`); polls then come every ``callback.poll_interval``.
     """
 
     model: str
@@ -160,6 +235,7 @@ class HttpModel:
     max_retry_after: float = 300.0
     poll_retries: int = 8
     poll_backoff: float = 0.5
+    callback: HttpCallback | None = attrs.field(default=None, converter=_callback)
 
     @idempotent.default
     def _idempotent_default(self) -> bool:
@@ -183,6 +259,11 @@ class HttpModel:
                     found.append(f"{name}: unknown template value {{{{ {used} }}}}")
                 elif root == "upstream_id" and name == "submit":
                     found.append("submit: {{ upstream_id }} is known only after the submit")
+                elif root == "callback_url" and self.callback is None:
+                    found.append(
+                        f"{name}: {{{{ callback_url }}}} needs a callback section (how the "
+                        "upstream's callbacks are verified)"
+                    )
         if "upstream_id" not in self.poll.names():
             found.append("poll: the URL, headers or body must use {{ upstream_id }}")
         for name in ("poll_interval", "connect_timeout", "read_timeout", "busy_delay"):
@@ -192,17 +273,27 @@ class HttpModel:
             found.append("max_retry_after: must be > 0")
         if self.poll_retries < 0:
             found.append("poll_retries: must be >= 0")
+        if self.callback is not None:
+            found += self.callback.problems()
         return found
 
     def env_names(self) -> set[str]:
         """The environment variables the requests read (checked when the provider is made)."""
         specs = [s for s in (self.submit, self.poll, self.cancel) if s is not None]
-        return {
+        names = {
             used.partition(".")[2]
             for spec in specs
             for used in spec.names()
             if used.startswith("env.")
         }
+        if self.callback is not None:
+            names.add(self.callback.secret_env)
+            names |= {
+                used.partition(".")[2]
+                for used in names_in(self.callback.base_url)
+                if used.startswith("env.")
+            }
+        return names
 
 
 _SPEC_KEYS = frozenset(a.name for a in attrs.fields(HttpRequestSpec))
@@ -217,6 +308,29 @@ _NUMBERS = {
     "poll_backoff",
 }
 _TEXTS = {"model", "id_path", "status_path", "progress_path", "result_path", "error_path"}
+_CALLBACK_KEYS = frozenset(a.name for a in attrs.fields(HttpCallback))
+_CALLBACK_NUMBERS = {"tolerance", "poll_interval"}
+
+
+def _callback_from_table(table: object, where: str, problems: list[str]) -> HttpCallback | None:
+    if not isinstance(table, Mapping):
+        problems.append(f"{where}: must be a table")
+        return None
+    problems += [f"{where}.{k}: unknown key" for k in table if k not in _CALLBACK_KEYS]
+    values = {k: v for k, v in table.items() if k in _CALLBACK_KEYS}
+    for name, value in list(values.items()):
+        if name in _CALLBACK_NUMBERS:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                problems.append(f"{where}.{name}: must be a number of seconds")
+                del values[name]
+        elif not isinstance(value, str):
+            problems.append(f"{where}.{name}: must be a string")
+            del values[name]
+    if "secret_env" not in values:
+        if "secret_env" not in table:
+            problems.append(f"{where}.secret_env: must be set")
+        return None
+    return HttpCallback(**values)
 
 
 def _spec_from_table(table: object, where: str, problems: list[str]) -> HttpRequestSpec | None:
@@ -251,6 +365,8 @@ def http_model_from_table(table: object, where: str) -> tuple[HttpModel | None, 
     for name in _SPECS:
         if name in values:
             values[name] = _spec_from_table(values[name], f"{where}.{name}", problems)
+    if "callback" in values:
+        values["callback"] = _callback_from_table(values["callback"], f"{where}.callback", problems)
     for required in ("model", "submit", "poll"):
         if values.get(required) is None:
             if required not in table:

@@ -16,6 +16,13 @@ comes). It honours an idempotency key header (a repeated key answers the first j
 ledger records every job it accepted (:attr:`FakeUpstream.accepted`) and every submit request
 it received with how it answered (:attr:`FakeUpstream.received`), which is how tests prove
 that nothing ran twice. :func:`fake_http_model` is the :class:`HttpModel` that calls it.
+
+With ``Dials.callback_secret`` set, a job submitted with an ``X-Callback-Url`` header is also
+reported by callback: once the job is done (``job_seconds`` after it was accepted) the fake
+posts ``{"id", "status", "result" | "error"}`` to that URL, signed as
+:mod:`engine.providers.http.signing` says; ``callback_drop_next`` loses callbacks on purpose.
+Every callback is in :attr:`FakeUpstream.callbacks`, with how the engine answered it. The
+callbacks are sent from a nursery the ASGI lifespan opens (hypercorn runs it).
 """
 
 from __future__ import annotations
@@ -24,31 +31,44 @@ import json
 import logging
 import random
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import httpx
 import trio
 from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from engine.providers.http.description import HttpModel, HttpRequestSpec
+from engine.providers.http.description import HttpCallback, HttpModel, HttpRequestSpec
+from engine.providers.http.signing import sign
 
 __all__ = [
+    "CALLBACK_URL_HEADER",
     "AcceptedJob",
     "Dials",
     "FakeUpstream",
     "ReceivedRequest",
+    "SentCallback",
     "fake_http_model",
     "serve_upstream",
 ]
+
+#: The submit header a job's callback URL is read from.
+CALLBACK_URL_HEADER = "X-Callback-Url"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger(__name__)
+
+#: Connections (and so callbacks in flight at once) of the client that sends the callbacks.
+_CALLBACK_CONNECTIONS = 32
 
 
 @attrs.define
@@ -74,6 +94,10 @@ class Dials:
         poll_busy_next: the next this many polls are answered 429.
         poll_error_next: the next this many polls are answered 500.
         idempotency_header: the header an idempotency key is read from (None: ignored).
+        callback_secret: the shared secret callbacks are signed with; None: no callbacks.
+        callback_drop_next: the next this many callbacks are lost (never sent).
+        callback_signature_header, callback_timestamp_header: where the signature and the
+            timestamp go (the defaults of :class:`HttpCallback`).
     """
 
     submit_latency: float = 0.0
@@ -93,6 +117,10 @@ class Dials:
     poll_busy_next: int = 0
     poll_error_next: int = 0
     idempotency_header: str | None = "Idempotency-Key"
+    callback_secret: str | None = None
+    callback_drop_next: int = 0
+    callback_signature_header: str = "X-Webhook-Signature"
+    callback_timestamp_header: str = "X-Webhook-Timestamp"
 
 
 @attrs.define
@@ -107,6 +135,18 @@ class AcceptedJob:
     fails: bool
     polls: int = 0
     cancelled: bool = False
+
+
+@attrs.frozen
+class SentCallback:
+    """One callback the fake made (or dropped): the request, and the engine's answer
+    (``status``: the HTTP status; 0 when dropped on purpose; -1 when it could not be sent)."""
+
+    job_id: str
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    status: int
 
 
 @attrs.frozen
@@ -139,6 +179,14 @@ class FakeUpstream:
         self._jobs: dict[str, AcceptedJob] = {}
         self._by_key: dict[str, AcceptedJob] = {}
         self._changed = trio.Event()
+        #: Every callback made or dropped, in order.
+        self.callbacks: list[SentCallback] = []
+        self._callbacks_changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._client: httpx.AsyncClient | None = None
+        # As many callbacks in flight as the client has connections: a request queued inside
+        # httpcore's pool costs a scan of the whole queue on every release.
+        self._sending = trio.Semaphore(_CALLBACK_CONNECTIONS)
 
     # ---- reading the ledger -------------------------------------------------------------------
 
@@ -155,6 +203,11 @@ class FakeUpstream:
         while len(self.received) < count:
             await self._changed.wait()
 
+    async def wait_callbacks(self, count: int) -> None:
+        """Wait until at least ``count`` callbacks were made or dropped (use a deadline)."""
+        while len(self.callbacks) < count:
+            await self._callbacks_changed.wait()
+
     def _record(self, request: ReceivedRequest) -> None:
         self.received.append(request)
         self._changed.set()
@@ -165,7 +218,20 @@ class FakeUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection scope."""
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            # The lifespan lasts as long as the server: its nursery sends the callbacks.
+            async with (
+                httpx.AsyncClient(
+                    timeout=httpx.Timeout(10.0, pool=None),
+                    limits=httpx.Limits(max_connections=_CALLBACK_CONNECTIONS),
+                ) as client,
+                trio.open_nursery() as nursery,
+            ):
+                self._nursery, self._client = nursery, client
+                try:
+                    await _lifespan(receive, send)
+                finally:
+                    self._nursery = self._client = None
+                    nursery.cancel_scope.cancel()
             return
         if scope["type"] != "http":
             return
@@ -251,6 +317,9 @@ class FakeUpstream:
             await _answer(send, 500, {"error": {"message": "internal error"}})
             return
         self._record(ReceivedRequest(key, 201, job.id))
+        callback_url = headers.get(CALLBACK_URL_HEADER.lower())
+        if dials.callback_secret is not None and callback_url and self._nursery is not None:
+            self._nursery.start_soon(self._call_back, job, callback_url, dials.callback_secret)
         await _answer(send, 201, {"id": job.id, "status": "queued"})
 
     async def _poll(self, job_id: str, send: Send) -> None:
@@ -278,15 +347,44 @@ class FakeUpstream:
         if job.polls < dials.polls_to_finish or elapsed < dials.job_seconds:
             progress = min(job.polls / max(1, dials.polls_to_finish), 0.99)
             await _answer(send, 200, {"id": job.id, "status": "running", "progress": progress})
-        elif job.fails:
-            await _answer(
-                send,
-                200,
-                {"id": job.id, "status": "failed", "error": {"message": "the upstream job failed"}},
-            )
         else:
-            result = {"url": f"https://fake.invalid/{job.id}.bin", "request": job.body}
-            await _answer(send, 200, {"id": job.id, "status": "succeeded", "result": result})
+            await _answer(send, 200, self._outcome(job))
+
+    def _outcome(self, job: AcceptedJob) -> dict[str, Any]:
+        """The finished job as a poll answers it."""
+        if job.fails:
+            error = {"message": "the upstream job failed"}
+            return {"id": job.id, "status": "failed", "error": error}
+        result = {"url": f"https://fake.invalid/{job.id}.bin", "request": job.body}
+        return {"id": job.id, "status": "succeeded", "result": result}
+
+    async def _call_back(self, job: AcceptedJob, url: str, secret: str) -> None:
+        """Once ``job`` is done, post its outcome to ``url``, signed with ``secret``."""
+        dials = self.dials
+        await trio.sleep_until(job.accepted_at + dials.job_seconds)
+        if job.cancelled:
+            return
+        body = json.dumps(self._outcome(job)).encode()
+        timestamp = str(int(time.time()))
+        headers = {
+            "content-type": "application/json",
+            dials.callback_timestamp_header: timestamp,
+            dials.callback_signature_header: sign(secret, timestamp, body),
+        }
+        status = 0
+        if dials.callback_drop_next > 0:
+            dials.callback_drop_next -= 1
+        elif self._client is not None:
+            try:
+                async with self._sending:
+                    response = await self._client.post(url, content=body, headers=headers)
+                status = response.status_code
+            except httpx.HTTPError as exc:
+                log.warning("fake upstream: callback not delivered: %s", exc)
+                status = -1
+        self.callbacks.append(SentCallback(job.id, url, body, headers, status))
+        self._callbacks_changed.set()
+        self._callbacks_changed = trio.Event()
 
     async def _cancel(self, job_id: str, send: Send) -> None:
         job = self._jobs.get(job_id)
@@ -340,7 +438,8 @@ def fake_http_model(
 ) -> HttpModel:
     """The :class:`HttpModel` of a :class:`FakeUpstream` at ``base_url``: the payload is the
     body, ``idempotent`` sends the ``Idempotency-Key`` header; ``overrides`` set any other
-    field (``read_timeout=0.5`` …)."""
+    field (``read_timeout=0.5`` …). With a ``callback`` (an :class:`HttpCallback`) the submit
+    request also sends ``{{ callback_url }}`` in the ``X-Callback-Url`` header."""
     fields: dict[str, Any] = {
         "model": model,
         "submit": HttpRequestSpec(url=f"{base_url}/jobs", body="{{ payload }}"),
@@ -352,6 +451,14 @@ def fake_http_model(
         "idempotency_header": "Idempotency-Key" if idempotent else None,
     }
     fields.update(overrides)
+    callback = fields.get("callback")
+    if callback is not None and "submit" not in overrides:
+        callback = callback if isinstance(callback, HttpCallback) else HttpCallback(**callback)
+        fields["submit"] = HttpRequestSpec(
+            url=f"{base_url}/jobs",
+            body="{{ payload }}",
+            headers={CALLBACK_URL_HEADER: "{{ callback_url }}"},
+        )
     return HttpModel(**fields)
 
 

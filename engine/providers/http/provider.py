@@ -6,16 +6,25 @@ backoff and jitter, ``finalize`` hands back the result the poll read, and ``canc
 cancel request if the model has one. Every failure is classified by
 :mod:`engine.providers.http.classify`.
 
-A provider made without a client makes its own (closed by :meth:`HttpProvider.aclose` or
-``async with``); :func:`open_http_providers` shares one client between the providers of several
-models, for the ``app`` setting.
+A provider made without a client makes its own: the service opens it once at start through
+:meth:`HttpProvider.lifespan` and closes it at shutdown (outside a service,
+:meth:`HttpProvider.aclose` or ``async with`` close it); :func:`open_http_providers` shares one
+client between the providers of several models, for the ``app`` setting.
+
+A model with a ``callback`` section finishes by callback: the submit request carries
+``{{ callback_url }}``, :meth:`HttpProvider.parse_callback` verifies and reads what the
+upstream posts to it, and the engine polls only every ``callback.poll_interval`` seconds
+meanwhile. Progress read at the model's ``progress_path`` is reported to the task
+(``engine.current_task_context().report_progress``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -26,7 +35,8 @@ import httpx
 import trio
 
 from engine.errors import ConfigError
-from engine.providers.base import PollResult, ProviderError
+from engine.providers.base import Callback, CallbackRefused, PollResult, ProviderError
+from engine.providers.context import current_task_context
 from engine.providers.http.classify import (
     TransientPollFailure,
     poll_exception,
@@ -35,6 +45,7 @@ from engine.providers.http.classify import (
     submit_response_id,
 )
 from engine.providers.http.description import HttpModel, HttpRequestSpec, StatusKind
+from engine.providers.http.signing import verify
 from engine.providers.http.template import (
     MissingValue,
     TemplateContext,
@@ -101,6 +112,11 @@ class HttpProvider:
         #: Whether a repeated submission is recognised upstream: the engine then resubmits
         #: after an ambiguous answer (see engine.providers.base.submits_idempotently).
         self.idempotent_submit = model.idempotent
+        #: Seconds between fallback polls while a callback is expected; None: the model's
+        #: upstream does not call back (see engine.providers.base.callback_poll_interval).
+        self.callback_poll_interval = (
+            None if model.callback is None else model.callback.poll_interval
+        )
         self._client = client
         self._owns_client = client is None
         self._rng = rng or random.Random()
@@ -113,6 +129,18 @@ class HttpProvider:
         if self._client is None:
             self._client = httpx.AsyncClient()
         return self._client
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[httpx.AsyncClient]:
+        """What the service enters once at start and exits at shutdown: opens the client
+        (when this provider makes its own) and closes it on the way out; yields it (each
+        task's ``TaskContext.resources``). A shared client is left to its owner."""
+        client = self.client
+        try:
+            yield client
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.aclose()
 
     async def aclose(self) -> None:
         """Close the client if this provider made it."""
@@ -136,7 +164,12 @@ class HttpProvider:
     def _render(
         self, spec: HttpRequestSpec, task: Task, upstream_id: str | None, *, submit: bool
     ) -> PreparedRequest:
-        context = TemplateContext(task, upstream_id=upstream_id, environ=self.environ)
+        context = TemplateContext(
+            task,
+            upstream_id=upstream_id,
+            environ=self.environ,
+            callback_url=self._callback_url(task),
+        )
         try:
             url = render(spec.url, context)
             headers = {k: str(v) for k, v in render(dict(spec.headers), context).items()}
@@ -149,6 +182,20 @@ class HttpProvider:
             headers[self.model.idempotency_header] = idempotency_key(task)
         timeout = self.model.read_timeout if spec.timeout is None else spec.timeout
         return PreparedRequest(spec.method, str(url), headers, body, timeout)
+
+    def _callback_url(self, task: Task) -> str | None:
+        """Where the upstream calls back for ``task``: the model's ``callback.base_url``, or
+        the engine's own hooks address (from the task's context); None without either."""
+        callback = self.model.callback
+        if callback is None:
+            return None
+        if callback.base_url is not None:
+            base = render(callback.base_url, TemplateContext(task, environ=self.environ))
+            return f"{str(base).rstrip('/')}/hooks/{task.id}"
+        try:
+            return current_task_context().callback_url
+        except RuntimeError:
+            return None
 
     async def _send(self, request: PreparedRequest) -> httpx.Response:
         return await self.client.request(
@@ -207,9 +254,13 @@ class HttpProvider:
                 problem = poll_response_problem(self.model, response)
                 if problem is None:
                     try:
-                        return self._read_poll(response)
+                        polled = self._read_poll(response)
                     except TransientPollFailure as unreadable:
                         problem = unreadable
+                    else:
+                        if not polled.done and polled.progress is not None:
+                            _report_progress(polled.progress)
+                        return polled
             if not isinstance(problem, TransientPollFailure):
                 raise problem
             failures += 1
@@ -240,10 +291,31 @@ class HttpProvider:
             raise TransientPollFailure(
                 f"poll answer is not JSON (HTTP {response.status_code})"
             ) from None
-        status = read_path(body, self.model.status_path)
+        model = self.model
+        return self._read_answer(
+            body,
+            "poll answer",
+            status_path=model.status_path,
+            progress_path=model.progress_path,
+            result_path=model.result_path,
+            error_path=model.error_path,
+        )
+
+    def _read_answer(
+        self,
+        body: Any,
+        what: str,
+        *,
+        status_path: str,
+        progress_path: str | None,
+        result_path: str,
+        error_path: str,
+    ) -> PollResult:
+        """What a poll answer (or a callback body) says about the job."""
+        status = read_path(body, status_path)
         if is_missing(status):
             raise ProviderError(
-                f"the poll answer has no status at {self.model.status_path!r}",
+                f"the {what} has no status at {status_path!r}",
                 code="upstream_unreadable",
             )
         kind = self.model.status_map.get(str(status))
@@ -253,21 +325,73 @@ class HttpProvider:
                 code="upstream_unknown_status",
             )
         progress = None
-        if self.model.progress_path is not None:
-            found = read_path(body, self.model.progress_path)
+        if progress_path is not None:
+            found = read_path(body, progress_path)
             if isinstance(found, int | float) and not isinstance(found, bool):
                 progress = min(1.0, max(0.0, float(found)))
         if kind is StatusKind.PENDING:
             return PollResult(done=False, progress=progress)
         if kind is StatusKind.SUCCEEDED:
-            result = read_path(body, self.model.result_path)
+            result = read_path(body, result_path)
             return PollResult(done=True, result=None if is_missing(result) else result)
-        error = read_path(body, self.model.error_path)
+        error = read_path(body, error_path)
         if is_missing(error) or error is None or error == "":
             message = f"the upstream reports {status!r}"
         else:
             message = error if isinstance(error, str) else str(error)
         return PollResult(done=True, error=message)
+
+    def parse_callback(
+        self, headers: Mapping[str, str], body: bytes, *, now: float | None = None
+    ) -> Callback:
+        """Verify a callback of this model's upstream and read it (``POST /hooks/<task id>``
+        calls it): the signature and timestamp as the model's ``callback`` section says, then
+        the job's id, status, progress, result and error at its paths (the poll's by
+        default).
+
+        Args:
+            headers: the request's headers (looked up as given, then lower case).
+            body: the request's body, exactly as received (the signature covers it).
+            now: the Unix time to check the timestamp against (default: the clock).
+
+        Raises:
+            CallbackRefused: 401 for a missing or wrong signature or a timestamp outside the
+                tolerance; 400 for a body that is not JSON or says no known status; 404 when
+                the model takes no callbacks.
+        """
+        callback = self.model.callback
+        if callback is None:
+            raise CallbackRefused(f"model {self.model.model!r} takes no callbacks", status=404)
+        delivery = verify(
+            self.environ.get(callback.secret_env, ""),
+            headers,
+            body,
+            signature_header=callback.signature_header,
+            timestamp_header=callback.timestamp_header,
+            tolerance=callback.tolerance,
+            now=time.time() if now is None else now,
+        )
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise CallbackRefused("the callback body is not JSON", status=400) from None
+        model = self.model
+        try:
+            result = self._read_answer(
+                document,
+                "callback",
+                status_path=callback.status_path or model.status_path,
+                progress_path=callback.progress_path or model.progress_path,
+                result_path=model.result_path
+                if callback.result_path is None
+                else callback.result_path,
+                error_path=callback.error_path or model.error_path,
+            )
+        except ProviderError as exc:
+            raise CallbackRefused(str(exc), status=400) from None
+        found = read_path(document, callback.id_path or model.id_path)
+        upstream_id = None if is_missing(found) or found is None else str(found)
+        return Callback(result, delivery, upstream_id)
 
     async def finalize(self, task: Task, result: Any) -> Any:
         """The result the last poll read (at the model's ``result_path``)."""
@@ -295,6 +419,15 @@ class HttpProvider:
                     "status": response.status_code,
                 },
             )
+
+
+def _report_progress(fraction: float) -> None:
+    """Report ``fraction`` to the running task, if the engine runs one here."""
+    try:
+        context = current_task_context()
+    except RuntimeError:
+        return  # called outside the engine (a test calling poll directly)
+    context.report_progress(fraction)
 
 
 @asynccontextmanager

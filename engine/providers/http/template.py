@@ -8,6 +8,8 @@ A template is any JSON value (a URL, a header value, a request body). In its str
 ``task.id``            the task id (also ``task.model``, ``task.group_key``)
 ``idempotency_key``    the key derived from the task (:func:`idempotency_key`)
 ``upstream_id``        the upstream's id of the job (poll and cancel requests)
+``callback_url``       where the upstream calls back to finish the task (models with a
+                       ``callback`` section): ``<base>/hooks/<task id>``
 ``env.NAME``           the environment variable ``NAME`` (secrets: API keys, tokens)
 =====================  ==================================================================
 
@@ -40,7 +42,7 @@ _FIELD = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\s*\}\
 _ONLY = re.compile(r"\s*" + _FIELD.pattern + r"\s*")
 _ESCAPED = "\x00"
 #: The names a template may start with.
-ROOTS = frozenset({"payload", "task", "idempotency_key", "upstream_id", "env"})
+ROOTS = frozenset({"payload", "task", "idempotency_key", "upstream_id", "env", "callback_url"})
 _TASK_FIELDS = frozenset({"id", "model", "group_key"})
 _MISSING = object()
 
@@ -64,10 +66,12 @@ class TemplateContext:
         *,
         upstream_id: str | None = None,
         environ: Mapping[str, str] | None = None,
+        callback_url: str | None = None,
     ) -> None:
         self.task = task
         self.upstream_id = upstream_id
         self.environ = os.environ if environ is None else environ
+        self.callback_url = callback_url
 
     def lookup(self, name: str) -> Any:
         """The value of ``name`` (``payload.prompt``, ``env.API_KEY`` …).
@@ -90,6 +94,13 @@ class TemplateContext:
             if self.upstream_id is None:
                 raise MissingValue("no upstream id yet (only poll and cancel requests have one)")
             return self.upstream_id
+        if root == "callback_url" and not rest:
+            if self.callback_url is None:
+                raise MissingValue(
+                    "no callback URL: set the model's callback.base_url, or run the task in an "
+                    "engine that serves /hooks/ (its HTTP server)"
+                )
+            return self.callback_url
         if root == "env" and rest:
             try:
                 return self.environ[rest]

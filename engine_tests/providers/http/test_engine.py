@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -24,6 +25,7 @@ from engine.providers.http.provider import HttpProvider
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
 from engine.tasks.models import RunMode, Task, TaskStatus
+from engine.tasks.runner import TaskRunArgs
 from engine_tests.providers.http.conftest import Served
 from engine_tests.tasks.conftest import make_config, request
 
@@ -223,3 +225,53 @@ async def test_an_upstream_failure_fails_the_task_and_a_success_keeps_the_result
     assert good.result == {"url": "https://fake.invalid/job-1.bin", "request": {"prompt": "a dog"}}
     assert bad.status is TaskStatus.FAILED
     assert bad.error == {"code": "upstream_failed", "message": "the upstream job failed"}
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_a_dead_owners_unknown_submission_is_made_again_only_with_a_key(
+    db_url: str, upstream: Served, idempotent: bool
+) -> None:
+    """An owner died between the call and its answer (the upstream has the job; the task has
+    ``submitted_at`` and no reference). The next execution submits again with the same key if
+    the call carried one (one job upstream, the task succeeds), else manual review (one job)."""
+    provider = HttpProvider(fake_http_model(upstream.url, idempotent=idempotent))
+    config = make_config(**{"worker.hard_limit": 4})
+    async with (
+        provider,
+        open_engine(
+            config, urls=DatabaseUrls.single(db_url), providers={MODEL: provider}, control=False
+        ) as eng,
+    ):
+        await eng.set_model(MODEL)
+        task_id = await eng.submit(
+            request(model=MODEL, run_mode=RunMode.LIVE, payload={"prompt": "a cat"})
+        )
+        # The lost call: it reached the upstream, its answer died with its owner.
+        headers = {"Idempotency-Key": str(task_id)} if idempotent else {}
+        async with httpx.AsyncClient() as client:
+            reply = await client.post(
+                f"{upstream.url}/jobs", json={"prompt": "a cat"}, headers=headers
+            )
+        assert reply.status_code == 201
+        await eng.db.tasks.execute(
+            "UPDATE engine_task SET status = 'running', submitted_at = now(), attempts = 1,"
+            " submitted_idempotently = $2, execution_token = gen_random_uuid(),"
+            " execution_owner = 'dead', lease_expires_at = now() - interval '1 s'"
+            " WHERE id = $1",
+            task_id,
+            idempotent,
+        )
+        task = await eng.get(task_id)
+        assert task is not None and task.river_job_id is not None
+        job = await eng.queue.get(task.river_job_id)
+        assert job is not None
+        await eng.runner.work(job, TaskRunArgs(str(task_id)))
+        final = await eng.wait(task_id, timeout=15)
+    assert len(upstream.fake.accepted) == 1  # the ledger: one job, whatever happened
+    if idempotent:
+        assert final.status is TaskStatus.SUCCEEDED, final.error
+        assert [r.replayed for r in upstream.fake.received] == [False, True]
+        assert final.upstream_ref == upstream.fake.accepted[0].id
+    else:
+        assert final.status is TaskStatus.MANUAL_REVIEW
+        assert len(upstream.fake.received) == 1  # never sent again
