@@ -167,10 +167,27 @@ def _path(*, optional: bool = False) -> Any:
 
 def _postgres_url(*, optional: bool = False) -> Any:
     return _Requirement(
-        "must be a postgresql:// or postgres:// URL",
-        lambda v: isinstance(v, str) and urlsplit(v).scheme in ("postgresql", "postgres"),
+        "must be a postgresql:// or postgres:// URL, each port a number from 1 to 65535",
+        lambda v: (
+            isinstance(v, str)
+            and urlsplit(v).scheme in ("postgresql", "postgres")
+            and _ports_valid(v)
+        ),
         optional,
     )
+
+
+def _ports_valid(url: str) -> bool:
+    """Every ``host:port`` of ``url`` (libpq accepts several, comma-separated) has a port
+    from 1 to 65535, or none; the driver would otherwise fail with its own parse error."""
+    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    for host in hosts.split(","):
+        if host.startswith("["):  # an IPv6 literal: [::1]:5432
+            host = host.partition("]")[2]
+        _, colon, port = host.rpartition(":")
+        if colon and port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            return False
+    return True
 
 
 _NAME_RE: Final = re.compile(r"\A[^\s]+\Z")
@@ -235,6 +252,19 @@ _RESOURCES: Final = ("cpu", "memory", "db_connections")
 
 _RULES: Final[tuple[_Rule, ...]] = (
     _not_above_rule("database.pool_min_size", "database.pool_max_size"),
+    _Rule(
+        ("database.pooler", "database.listen_url", "database.migrate_on_start"),
+        'database.pooler = "transaction" with database.migrate_on_start needs '
+        "database.listen_url: migrations hold an advisory lock across transactions, which a "
+        "transaction pooler does not keep. Set database.listen_url to a direct URL of the "
+        "database, or set database.migrate_on_start = false and migrate with "
+        "`python -m engine migrate` and a direct database.url",
+        lambda v: (
+            v["database.pooler"] != "transaction"
+            or v["database.listen_url"] is not None
+            or not v["database.migrate_on_start"]
+        ),
+    ),
     _not_above_rule("queue.fetch_cooldown", "queue.fetch_poll_interval"),
     _not_above_rule("queue.completer_flush_size", "queue.completer_max_batch"),
     _Rule(
@@ -362,18 +392,50 @@ class DatabaseConfig:
         "again, with backoff. Unused with an external server.",
         _number(gt=0),
     )
+    probe_interval: float = _setting(
+        5.0,
+        "Seconds between two probes of the database (`SELECT 1` on each pool, 5 s to answer) "
+        "while the engine runs: `/healthz` fails while it does not answer, and the outage is "
+        "logged once when it starts and once when it ends.",
+        _number(gt=0),
+    )
     statement_cache_size: int = _setting(
         100,
-        "Prepared statements asyncpg caches per connection. Set 0 behind PgBouncer in "
-        "transaction pooling mode, where prepared statements do not survive a transaction.",
+        "Prepared statements asyncpg caches per connection. Ignored (no cache) with "
+        '`database.pooler = "transaction"`, where a named prepared statement does not survive '
+        "its transaction.",
         _integer(0),
     )
     lock_timeout: float | None = _setting(
         None,
-        "PostgreSQL `lock_timeout` for every connection, in seconds; unset keeps the server's "
+        "PostgreSQL `lock_timeout` for every statement, in seconds; unset keeps the server's "
         "setting. A statement that waits longer fails with SQLSTATE 55P03, which a task run "
-        "handles as a lock timeout.",
+        "handles as a lock timeout. Set once per connection; with "
+        '`database.pooler = "transaction"` set with `SET LOCAL` in every transaction instead '
+        "(a statement outside a transaction then runs in one of its own).",
         _number(gt=0, optional=True),
+    )
+    pooler: Literal["none", "transaction"] = _setting(
+        "none",
+        "What the database URLs go through: `none` (PostgreSQL itself, or a pooler in session "
+        "mode) or `transaction` (PgBouncer's `pool_mode = transaction`, or another pooler that "
+        "may run each transaction on another server connection). With `transaction` the "
+        "engine keeps no session state on its pools: no prepared statement cache, "
+        "`lock_timeout` per transaction, LISTEN and migrations only on `database.listen_url`. "
+        "See docs/operations.md, Behind PgBouncer.",
+        _choice("none", "transaction"),
+    )
+    listen_url: str | None = _setting(
+        None,
+        "A direct URL of the engine's database (not through a transaction pooler) for the "
+        "work that needs a session of its own: LISTEN for notifications and, with "
+        '`database.pooler = "transaction"`, schema migrations (their advisory lock spans '
+        "several transactions). Unset: LISTEN on each pool's own URL without a pooler; behind "
+        "a transaction pooler no LISTEN at all (every consumer works at its poll interval: "
+        "`queue.fetch_poll_interval` for new jobs, `tasks.lease_renew_interval` for cancels "
+        "of running tasks, `worker.refresh_interval`, `admission.dispatch_interval`) and no "
+        "migrations.",
+        _postgres_url(optional=True),
     )
     command_timeout: float | None = _setting(
         None,

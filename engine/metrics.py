@@ -2,10 +2,9 @@
 
 :class:`Metrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the global
 one: several engines (or tests) in one process each get their own series and never collide on
-registration. It carries the reference's metrics (``SetAsyncWorkerCapacity``,
-``SetDistributedWorkerCapacity``, ``SetWorkerLoad``, ``ObserveAsyncWorkerResize``) and the
-engine's own (queue depth, claim and completion latency, task phases, recoveries, admissions,
-leadership, generations).
+registration. Limits (capacity, the load controller's) and usage (executions per phase,
+admissions waiting) are separate series, each named for what it measures; ``docs/operations.md``
+lists them and the older names they replace.
 
 They are served, with ``/healthz`` and ``/readyz``, by the process's HTTP server
 (:mod:`engine.web`), through prometheus_client's own exposition.
@@ -35,6 +34,7 @@ from engine.load.controller import LoadSnapshot, PressureState
 
 __all__ = [
     "CONTENT_TYPE",
+    "EXECUTION_PHASES",
     "JOB_STATES",
     "MAX_MODEL_LABELS",
     "OTHER_MODEL",
@@ -60,10 +60,10 @@ is the 0.0.4 type.
 """
 
 RESIZE_OUTCOMES: Final = ("refresh_failed", "create_failed", "start_failed", "success")
-"""Outcomes of ``ObserveAsyncWorkerResize`` (the Go worker's resize metric)."""
+"""Values of the ``outcome`` label of ``engine_capacity_resizes_total``."""
 
 PRESSURE_STATES: Final = tuple(state.value for state in PressureState)
-"""Values of the ``state`` label of ``engine_worker_pressure_state``."""
+"""Values of the ``state`` label of ``engine_load_pressure_state``."""
 
 JOB_STATES: Final = (
     "available",
@@ -78,14 +78,8 @@ JOB_STATES: Final = (
 """River's job states: every queue reported by :meth:`Metrics.set_queue_depth` gets all
 of them, zero-filled, so a state that empties reads 0 instead of vanishing."""
 
-_WORKER_LOAD_KINDS: Final = (
-    "active_limit",
-    "heavy_limit",
-    "active",
-    "preparing",
-    "waiting_upstream",
-    "finalizing",
-)
+EXECUTION_PHASES: Final = ("preparing", "waiting_upstream", "finalizing")
+"""Values of the ``phase`` label of ``engine_executions_in_phase``."""
 
 # Latency buckets. Claims and completion batches are single statements (milliseconds); task
 # phases include provider calls and transfers (seconds to an hour).
@@ -180,48 +174,70 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
 
-        # --- the Go worker's metrics ---
-        self.async_worker_capacity = Gauge(
-            "engine_async_worker_capacity",
-            "Async worker capacity of this instance: current (allocated), desired (global "
-            "desire) and hard_limit.",
-            ["kind"],
+        # --- capacity: limits, each its own series ---
+        self.capacity_allocated = Gauge(
+            "engine_capacity_allocated_slots",
+            "Tasks this instance may run at once: its share of the cluster's capacity.",
             registry=r,
         )
-        self.async_worker_capacity_capped = Gauge(
-            "engine_async_worker_capacity_capped",
-            "1 if the desired capacity was capped by the hard limit, else 0.",
+        self.capacity_desired = Gauge(
+            "engine_capacity_desired_slots",
+            "The capacity the catalogue asks for (model and group limits), before the hard limit.",
             registry=r,
         )
-        self.distributed_worker_instances = Gauge(
-            "engine_distributed_worker_instances",
-            "Worker instances currently registered and alive.",
+        self.capacity_hard_limit = Gauge(
+            "engine_capacity_hard_limit_slots",
+            "worker.hard_limit: the most the cluster runs at once, whatever the catalogue asks.",
             registry=r,
         )
-        self.distributed_worker_capacity = Gauge(
-            "engine_distributed_worker_capacity",
-            "Capacity across instances: global (allocated in total) and allocated (this "
-            "instance's share).",
-            ["kind"],
+        self.capacity_capped = Gauge(
+            "engine_capacity_capped",
+            "1 if the hard limit cut the desired capacity, else 0.",
             registry=r,
         )
-        self.worker_load = Gauge(
-            "engine_worker_load",
-            "Local load controller: active_limit (safe capacity), heavy_limit and leases per "
-            "phase.",
-            ["kind"],
+        self.capacity_cluster_allocated = Gauge(
+            "engine_capacity_cluster_allocated_slots",
+            "Capacity allocated across all live instances (the sum of their shares).",
             registry=r,
         )
-        self.worker_pressure_state = Gauge(
-            "engine_worker_pressure_state",
+        self.instances_alive = Gauge(
+            "engine_instances_alive",
+            "Worker instances registered and alive, which split the capacity.",
+            registry=r,
+        )
+        self.capacity_resizes = Counter(
+            "engine_capacity_resizes",
+            "Capacity refreshes that changed (or failed to change) the worker generation.",
+            ["outcome"],
+            registry=r,
+        )
+
+        # --- load: the controller's limits, then usage, as separate series ---
+        self.load_safe_capacity = Gauge(
+            "engine_load_safe_capacity_slots",
+            "The load controller's active limit: executions it lets start at once here.",
+            registry=r,
+        )
+        self.load_heavy_limit = Gauge(
+            "engine_load_heavy_limit_slots",
+            "The load controller's limit on executions in heavy phases at once here.",
+            registry=r,
+        )
+        self.load_pressure_state = Gauge(
+            "engine_load_pressure_state",
             "1 for the load controller's current pressure state, 0 for the others.",
             ["state"],
             registry=r,
         )
-        self.async_worker_resize = Counter(
-            "engine_async_worker_resize",
-            "Capacity refreshes that changed (or failed to change) the worker generation.",
-            ["outcome"],
+        self.executions_active = Gauge(
+            "engine_executions_active",
+            "Task executions running in this instance now.",
+            registry=r,
+        )
+        self.executions_in_phase = Gauge(
+            "engine_executions_in_phase",
+            "Task executions running in this instance now, by phase.",
+            ["phase"],
             registry=r,
         )
 
@@ -281,7 +297,10 @@ class Metrics:
             registry=r,
         )
         self.admissions_waiting = Gauge(
-            "engine_admissions_waiting", "Task admissions waiting for a slot.", registry=r
+            "engine_admissions_waiting",
+            "Task admissions waiting for a slot, cluster-wide, by model.",
+            ["model"],
+            registry=r,
         )
         self.leader = Gauge(
             "engine_leader", "1 if this process is the queue maintenance leader.", registry=r
@@ -305,65 +324,53 @@ class Metrics:
 
         # Fixed label values exist from the start: a series that appears only on its first
         # event breaks rate() and absent() alerts.
-        for kind in ("current", "desired", "hard_limit"):
-            self.async_worker_capacity.labels(kind=kind)
-        for kind in ("global", "allocated"):
-            self.distributed_worker_capacity.labels(kind=kind)
-        for kind in _WORKER_LOAD_KINDS:
-            self.worker_load.labels(kind=kind)
+        for phase in EXECUTION_PHASES:
+            self.executions_in_phase.labels(phase=phase)
         self.set_pressure_state(PressureState.NORMAL)
         for outcome in RESIZE_OUTCOMES:
-            self.async_worker_resize.labels(outcome=outcome)
+            self.capacity_resizes.labels(outcome=outcome)
         self._queue_series: set[tuple[str, str]] = set()
+        self._waiting_models: set[str] = set()
 
-    # --- the Go worker's metrics -----------------------------------------------------------
+    # --- capacity and load ---------------------------------------------------------------
 
-    def set_async_worker_capacity(
-        self, current: int, desired: int, hard_limit: int, capped: bool
-    ) -> None:
-        """``SetAsyncWorkerCapacity(current=allocated, desired, hardLimit, capped)``."""
-        self.async_worker_capacity.labels(kind="current").set(current)
-        self.async_worker_capacity.labels(kind="desired").set(desired)
-        self.async_worker_capacity.labels(kind="hard_limit").set(hard_limit)
-        self.async_worker_capacity_capped.set(1 if capped else 0)
+    def set_capacity(self, allocated: int, desired: int, hard_limit: int, capped: bool) -> None:
+        """Set this instance's share, the catalogue's desired capacity, the hard limit and
+        whether that limit cut the desire (one capacity refresh)."""
+        self.capacity_allocated.set(allocated)
+        self.capacity_desired.set(desired)
+        self.capacity_hard_limit.set(hard_limit)
+        self.capacity_capped.set(1 if capped else 0)
 
-    def set_distributed_worker_capacity(
-        self, active_instances: int, global_capacity: int, allocated: int
-    ) -> None:
-        """``SetDistributedWorkerCapacity(activeInstances, globalCapacity, allocated)``."""
-        self.distributed_worker_instances.set(active_instances)
-        self.distributed_worker_capacity.labels(kind="global").set(global_capacity)
-        self.distributed_worker_capacity.labels(kind="allocated").set(allocated)
+    def set_cluster(self, active_instances: int, cluster_allocated: int) -> None:
+        """Set the live instances and the capacity allocated across them."""
+        self.instances_alive.set(active_instances)
+        self.capacity_cluster_allocated.set(cluster_allocated)
 
-    def set_worker_load(self, snapshot: LoadSnapshot) -> None:
-        """The Go worker's ``SetWorkerLoad``: the safe capacity is reported as ``active_limit``.
+    def set_load(self, snapshot: LoadSnapshot) -> None:
+        """Set the load controller's limits, the executions per phase and the pressure state.
 
         Usable as :class:`engine.load.sampler.LoadSamplerService`'s ``on_snapshot``.
         """
-        values = {
-            "active_limit": snapshot.safe_capacity,
-            "heavy_limit": snapshot.heavy_limit,
-            "active": snapshot.active,
-            "preparing": snapshot.preparing,
-            "waiting_upstream": snapshot.waiting_upstream,
-            "finalizing": snapshot.finalizing,
-        }
-        for kind, value in values.items():
-            self.worker_load.labels(kind=kind).set(value)
+        self.load_safe_capacity.set(snapshot.safe_capacity)
+        self.load_heavy_limit.set(snapshot.heavy_limit)
+        self.executions_active.set(snapshot.active)
+        for phase in EXECUTION_PHASES:
+            self.executions_in_phase.labels(phase=phase).set(getattr(snapshot, phase))
         self.set_pressure_state(snapshot.pressure_state)
 
     def set_pressure_state(self, state: PressureState | str) -> None:
-        """Set ``engine_worker_pressure_state`` one-hot: 1 for ``state``, 0 for the others.
+        """Set ``engine_load_pressure_state`` one-hot: 1 for ``state``, 0 for the others.
 
         Raises:
             ValueError: for a state that is not ``normal``, ``elevated`` or ``critical``.
         """
         current = PressureState(state).value
         for name in PRESSURE_STATES:
-            self.worker_pressure_state.labels(state=name).set(1 if name == current else 0)
+            self.load_pressure_state.labels(state=name).set(1 if name == current else 0)
 
     def observe_resize(self, outcome: str) -> None:
-        """``ObserveAsyncWorkerResize(outcome)``; an unchanged capacity emits nothing.
+        """Count one capacity refresh's ``outcome``; an unchanged capacity counts nothing.
 
         Raises:
             ValueError: for an outcome outside :data:`RESIZE_OUTCOMES` (a typo must not create
@@ -373,7 +380,7 @@ class Metrics:
             raise ValueError(
                 f"unknown resize outcome {outcome!r}; expected one of {RESIZE_OUTCOMES}"
             )
-        self.async_worker_resize.labels(outcome=outcome).inc()
+        self.capacity_resizes.labels(outcome=outcome).inc()
 
     # --- queue -----------------------------------------------------------------------------
 
@@ -485,9 +492,22 @@ class Metrics:
         for kind, n in counts.items():
             self.count_recoveries(kind, n)
 
-    def set_admissions_waiting(self, n: int) -> None:
-        """Set the number of admissions in state ``waiting``."""
-        self.admissions_waiting.set(n)
+    def set_admissions_waiting(self, counts: Mapping[str, int]) -> None:
+        """Set the admissions waiting per model, ``{model: n}``, a full snapshot.
+
+        A model seen before and absent now reads 0 (its waiters were admitted), rather than
+        keeping its last value; models beyond :data:`MAX_MODEL_LABELS` add up under
+        :data:`OTHER_MODEL`.
+        """
+        labelled: dict[str, int] = {}
+        for model, n in counts.items():
+            label = self.model_label(model)
+            labelled[label] = labelled.get(label, 0) + n
+        for label in self._waiting_models - labelled.keys():
+            self.admissions_waiting.labels(model=label).set(0)
+        for label, n in labelled.items():
+            self.admissions_waiting.labels(model=label).set(n)
+        self._waiting_models |= labelled.keys()
 
     # --- exposition ------------------------------------------------------------------------
 

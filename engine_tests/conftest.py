@@ -123,3 +123,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     if os.environ.get("ENGINE_TEST_DATABASE_URL"):
         return "PostgreSQL: ENGINE_TEST_DATABASE_URL"
     return f"PostgreSQL: {os.environ.get('ENGINE_TEST_PG_BINDIR') or 'embedded'}"
+
+
+@pytest.fixture
+def private_data_dir() -> Iterator[Path]:
+    """A data directory for a test's own embedded server, in a directory the server's own user
+    can enter (when we run as root, pytest's ``tmp_path`` is closed to it); removed after."""
+    path = Path(tempfile.mkdtemp(prefix="engine-private-"))
+    path.chmod(0o755)
+    try:
+        yield path / "pg"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -357,10 +357,39 @@ def test_queue_name_length() -> None:
 def test_bad_url_hides_the_password() -> None:
     problem = (
         "database.url = 'mysql://app:***@db/app' (from ENGINE_DATABASE_URL): must be a "
-        "postgresql:// or postgres:// URL, or empty for none"
+        "postgresql:// or postgres:// URL, each port a number from 1 to 65535, or empty for none"
     )
     with pytest.raises(ConfigError, match=only(problem)):
         load_config(env={"ENGINE_DATABASE_URL": "mysql://app:hunter2@db/app"})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@db:abc/app",
+        "postgresql://app@db:99999/app",
+        "postgresql://app@db:0/app",
+        "postgresql://app@db1:5432,db2:x/app",
+        "postgresql://app@[::1]:65536/app",
+    ],
+)
+def test_a_url_port_that_no_server_can_have_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"database\.queue_url = .*each port a number"):
+        load_config(env={"ENGINE_DATABASE_QUEUE_URL": url})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@db/app",
+        "postgresql://app@db:5432/app",
+        "postgresql://app@db1:5432,db2:5433/app",
+        "postgresql://app@[::1]:5432/app",
+        "postgresql:///app?host=/run/postgresql",
+    ],
+)
+def test_urls_libpq_accepts_are_accepted(url: str) -> None:
+    assert load_config(env={"ENGINE_DATABASE_URL": url}).database.url == url
 
 
 def test_config_as_dict_hides_passwords() -> None:

@@ -12,16 +12,28 @@ from prometheus_client import REGISTRY
 
 import engine
 from engine.load.controller import LoadSnapshot, PressureState
-from engine.metrics import JOB_STATES, MAX_MODEL_LABELS, OTHER_MODEL, RESIZE_OUTCOMES, Metrics
+from engine.metrics import (
+    EXECUTION_PHASES,
+    JOB_STATES,
+    MAX_MODEL_LABELS,
+    OTHER_MODEL,
+    RESIZE_OUTCOMES,
+    Metrics,
+)
 
 ALL_NAMES = [
-    "engine_async_worker_capacity",
-    "engine_async_worker_capacity_capped",
-    "engine_distributed_worker_instances",
-    "engine_distributed_worker_capacity",
-    "engine_worker_load",
-    "engine_worker_pressure_state",
-    "engine_async_worker_resize_total",
+    "engine_capacity_allocated_slots",
+    "engine_capacity_desired_slots",
+    "engine_capacity_hard_limit_slots",
+    "engine_capacity_capped",
+    "engine_capacity_cluster_allocated_slots",
+    "engine_instances_alive",
+    "engine_capacity_resizes_total",
+    "engine_load_safe_capacity_slots",
+    "engine_load_heavy_limit_slots",
+    "engine_load_pressure_state",
+    "engine_executions_active",
+    "engine_executions_in_phase",
     "engine_queue_jobs",
     "engine_job_claim_seconds",
     "engine_job_completion_batch_seconds",
@@ -96,6 +108,7 @@ def test_render_contains_every_metric() -> None:
     metrics.observe_task_finished("succeeded", Timed())
     metrics.observe_task_started(Timed())
     metrics.count_recoveries("orphaned_jobs", 0)
+    metrics.set_admissions_waiting({"m": 1})
     text = metrics.render().decode()
     for name in ALL_NAMES:
         assert f"\n{name}" in text or text.startswith(name), name
@@ -112,64 +125,73 @@ def test_own_registry_never_the_global_one() -> None:
     assert REGISTRY.get_sample_value("engine_leader") is None
 
 
-def test_async_worker_and_distributed_capacity() -> None:
+def test_capacity_limits_are_separate_series() -> None:
     metrics = Metrics()
-    metrics.set_async_worker_capacity(current=3, desired=12, hard_limit=8, capped=True)
-    assert value(metrics, "engine_async_worker_capacity", kind="current") == 3
-    assert value(metrics, "engine_async_worker_capacity", kind="desired") == 12
-    assert value(metrics, "engine_async_worker_capacity", kind="hard_limit") == 8
-    assert value(metrics, "engine_async_worker_capacity_capped") == 1
-    metrics.set_async_worker_capacity(current=3, desired=5, hard_limit=8, capped=False)
-    assert value(metrics, "engine_async_worker_capacity_capped") == 0
+    metrics.set_capacity(allocated=3, desired=12, hard_limit=8, capped=True)
+    assert value(metrics, "engine_capacity_allocated_slots") == 3
+    assert value(metrics, "engine_capacity_desired_slots") == 12
+    assert value(metrics, "engine_capacity_hard_limit_slots") == 8
+    assert value(metrics, "engine_capacity_capped") == 1
+    metrics.set_capacity(allocated=3, desired=5, hard_limit=8, capped=False)
+    assert value(metrics, "engine_capacity_capped") == 0
 
-    metrics.set_distributed_worker_capacity(active_instances=4, global_capacity=40, allocated=10)
-    assert value(metrics, "engine_distributed_worker_instances") == 4
-    assert value(metrics, "engine_distributed_worker_capacity", kind="global") == 40
-    assert value(metrics, "engine_distributed_worker_capacity", kind="allocated") == 10
+    metrics.set_cluster(active_instances=4, cluster_allocated=40)
+    assert value(metrics, "engine_instances_alive") == 4
+    assert value(metrics, "engine_capacity_cluster_allocated_slots") == 40
 
 
 def test_resize_counter_increments() -> None:
     metrics = Metrics()
     for outcome in RESIZE_OUTCOMES:  # every outcome exists from the start, at 0
-        assert value(metrics, "engine_async_worker_resize_total", outcome=outcome) == 0
+        assert value(metrics, "engine_capacity_resizes_total", outcome=outcome) == 0
     metrics.observe_resize("success")
     metrics.observe_resize("success")
     metrics.observe_resize("refresh_failed")
-    assert value(metrics, "engine_async_worker_resize_total", outcome="success") == 2
-    assert value(metrics, "engine_async_worker_resize_total", outcome="refresh_failed") == 1
-    assert value(metrics, "engine_async_worker_resize_total", outcome="start_failed") == 0
+    assert value(metrics, "engine_capacity_resizes_total", outcome="success") == 2
+    assert value(metrics, "engine_capacity_resizes_total", outcome="refresh_failed") == 1
+    assert value(metrics, "engine_capacity_resizes_total", outcome="start_failed") == 0
     with pytest.raises(ValueError, match="unknown resize outcome"):
         metrics.observe_resize("succes")
 
 
-def test_worker_load_and_one_hot_pressure() -> None:
+def test_load_limits_usage_and_one_hot_pressure() -> None:
     metrics = Metrics()
 
     def pressure() -> dict[str, float | None]:
         return {
-            s.value: value(metrics, "engine_worker_pressure_state", state=s.value)
+            s.value: value(metrics, "engine_load_pressure_state", state=s.value)
             for s in PressureState
         }
 
     assert pressure() == {"normal": 1, "elevated": 0, "critical": 0}
-    metrics.set_worker_load(snapshot())
-    expected = {
-        "active_limit": 8,
-        "heavy_limit": 6,
-        "active": 7,
-        "preparing": 2,
-        "waiting_upstream": 4,
-        "finalizing": 1,
-    }
-    for kind, number in expected.items():
-        assert value(metrics, "engine_worker_load", kind=kind) == number, kind
+    for phase in EXECUTION_PHASES:  # every phase exists from the start, at 0
+        assert value(metrics, "engine_executions_in_phase", phase=phase) == 0
+    metrics.set_load(snapshot())
+    # Limits ...
+    assert value(metrics, "engine_load_safe_capacity_slots") == 8
+    assert value(metrics, "engine_load_heavy_limit_slots") == 6
+    # ... and usage, in series of their own.
+    assert value(metrics, "engine_executions_active") == 7
+    in_phase = {p: value(metrics, "engine_executions_in_phase", phase=p) for p in EXECUTION_PHASES}
+    assert in_phase == {"preparing": 2, "waiting_upstream": 4, "finalizing": 1}
     assert pressure() == {"normal": 0, "elevated": 1, "critical": 0}
-    metrics.set_worker_load(snapshot(pressure_state=PressureState.CRITICAL))
+    metrics.set_load(snapshot(pressure_state=PressureState.CRITICAL))
     assert pressure() == {"normal": 0, "elevated": 0, "critical": 1}
     metrics.set_pressure_state("normal")
     assert pressure() == {"normal": 1, "elevated": 0, "critical": 0}
     with pytest.raises(ValueError):
         metrics.set_pressure_state("panic")
+
+
+def test_admissions_waiting_by_model_is_a_full_snapshot() -> None:
+    metrics = Metrics()
+    metrics.set_admissions_waiting({"image": 7, "video": 2})
+    assert value(metrics, "engine_admissions_waiting", model="image") == 7
+    assert value(metrics, "engine_admissions_waiting", model="video") == 2
+    # A model whose waiters were all admitted reads 0, not its last value.
+    metrics.set_admissions_waiting({"video": 1})
+    assert value(metrics, "engine_admissions_waiting", model="image") == 0
+    assert value(metrics, "engine_admissions_waiting", model="video") == 1
 
 
 def test_queue_depth_is_a_full_snapshot() -> None:
@@ -217,8 +239,6 @@ def test_the_other_engine_metrics() -> None:
     metrics.count_recovery_round({"requeued_async_tasks": 2, "orphaned_jobs": 0})
     assert value(metrics, "engine_recoveries_total", kind="requeued_async_tasks") == 2
     assert value(metrics, "engine_recoveries_total", kind="orphaned_jobs") == 0
-    metrics.set_admissions_waiting(7)
-    assert value(metrics, "engine_admissions_waiting") == 7
     metrics.set_generations(2)
     assert value(metrics, "engine_generations") == 2
     metrics.set_leader(True)

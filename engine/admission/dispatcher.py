@@ -130,7 +130,7 @@ class Dispatcher:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Dispatch until cancelled; ``started()`` once listening."""
-        listener = Listener(self.db.tasks.dsn, [ADMISSION_CHANNEL])
+        listener = Listener(self.db.tasks.listen_dsn, [ADMISSION_CHANNEL])
         cfg = self.config.admission
         async with trio.open_nursery() as nursery:
             await nursery.start(listener.run)

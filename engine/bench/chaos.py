@@ -10,6 +10,13 @@ soon as by its heartbeat). The bench process submits tasks open-loop at a steady
 third of the way through, keeps submitting, then waits (bounded: 60 s, quick 30 s) for every
 task to be final.
 
+``bench chaos`` runs every scenario twice: at those short intervals, then at the production
+defaults (60 s leases renewed every 20 s, heartbeats every 5 s, stale after 45 s, a recovery round
+every 15 s: :func:`production_settings`), where a dead worker's tasks wait out its stale window
+before they move. The second pass's figures are prefixed ``production_``; its recovery target is
+the stale window plus a scan interval (60 s) instead of 5 s, and the wait for the last tasks
+grows by a lease and a stale window.
+
 Scenarios (:data:`CHAOS_SCENARIOS`):
 
 * ``sigkill_worker``: SIGKILL the worker running the most tasks.
@@ -29,6 +36,15 @@ Scenarios (:data:`CHAOS_SCENARIOS`):
   ``g-3`` unlimited with a rate limit of 20 per 1 s), written with ``Engine.set_model`` /
   ``set_group`` and read back from the catalogue. The wait for the last tasks is bounded at
   120 s (quick 60 s). Figures below.
+* ``upstream_idempotent`` and ``upstream_once``: SIGKILL the worker with the most submissions
+  in flight while an HTTP upstream (a fake on loopback, in the bench process) holds their
+  answers for 2 s, on a model that sends an idempotency key and on one that does not; see
+  :mod:`engine.bench.chaos_upstream` for their own figures and targets.
+* ``pgbouncer_sigkill`` and ``pgbouncer_restart``: the workers reach the engine database only
+  through a private PgBouncer in transaction pooling mode, with fewer server connections than
+  they hold; SIGKILL a worker (LISTEN on a direct URL), or restart PgBouncer itself, cutting
+  every connection the workers have (polling fallback, no LISTEN). See
+  :mod:`engine.bench.chaos_pgbouncer`.
 
 Figures, each prefixed with the scenario name (``sigkill_worker_tasks_lost``…):
 
@@ -109,7 +125,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -117,6 +133,22 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from engine.bench.chaos_pgbouncer import (
+    PGBOUNCER_TARGETS,
+    evaluate_pgbouncer,
+    pgbouncer_surroundings,
+    restart_pgbouncer,
+)
+from engine.bench.chaos_upstream import (
+    IDEMPOTENT_MODEL,
+    ONCE_MODEL,
+    SUBMIT_LATENCY,
+    evaluate_upstream,
+    kill_mid_submission,
+    prepare_upstream,
+    upstream_requests,
+    upstream_surroundings,
+)
 from engine.bench.chaos_worker import LEDGER_DDL, LEDGER_TABLE, simulation_to_json
 from engine.config import load_config
 from engine.db import embedded
@@ -132,18 +164,22 @@ from engine.tasks.models import FINAL_STATUSES, Identity, RunMode, TaskRequest
 __all__ = [
     "BENCH_APPLICATION",
     "CHAOS_SCENARIOS",
+    "PRODUCTION_PREFIX",
     "SIMULATION",
     "TARGETS",
     "WORKER_SETTINGS",
+    "BenchDatabases",
     "ChaosRun",
     "ChaosScenario",
     "ChaosSize",
     "FaultReport",
     "Monitor",
     "WorkerProcess",
+    "production_settings",
     "run_chaos_bench",
     "run_chaos_scenario",
     "scenario_targets",
+    "submitted_twice",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,6 +202,38 @@ WORKER_SETTINGS: Mapping[str, str] = {
     "worker.hard_limit": "30",
     "worker.stop_timeout": "2",
 }
+
+#: The prefix of the production pass's figures (``production_sigkill_worker_tasks_lost``).
+PRODUCTION_PREFIX = "production_"
+
+
+#: The intervals :data:`WORKER_SETTINGS` shortens; :func:`production_settings` gives them back.
+_PRODUCTION_KEYS = (
+    ("worker", "refresh_interval"),
+    ("worker", "heartbeat_stale_factor"),
+    ("recovery", "stale_after"),
+    ("recovery", "interval"),
+    ("tasks", "lease_ttl"),
+    ("tasks", "lease_renew_interval"),
+    ("worker", "stop_timeout"),
+)
+
+
+def production_settings() -> dict[str, str]:
+    """The configuration defaults of every interval :data:`WORKER_SETTINGS` shortens: a
+    production pass runs the workers with these on top."""
+    defaults = load_config(env={})
+    return {
+        f"{section}.{name}": str(getattr(getattr(defaults, section), name))
+        for section, name in _PRODUCTION_KEYS
+    }
+
+
+def _production_bound() -> float:
+    """Recovery's bound at the production defaults: the stale window plus a scan interval."""
+    defaults = load_config(env={})
+    return defaults.recovery.stale_after + defaults.recovery.interval
+
 
 #: The simulated upstream: ~0.1 s prepare, ~0.08 s submit, 3 polls 0.2 s apart, ~0.1 s
 #: finalize (about 0.75 s a task); it never fails and never loses an answer, so every failed
@@ -282,6 +350,11 @@ class ChaosRun:
     submitted: list[uuid.UUID] = attrs.field(factory=list)
     #: Free-form state a scenario's hooks share (e.g. the ids ``inject`` locked).
     notes: dict[str, Any] = attrs.field(factory=dict)
+    #: A TOML configuration file every worker reads (``--config``), set by ``surroundings``.
+    config_file: Path | None = None
+    #: The engine database as the workers reach it (default :attr:`url`), set by
+    #: ``surroundings`` (e.g. through a pooler).
+    worker_url: str | None = None
 
     def alive(self) -> list[WorkerProcess]:
         """The workers not killed by the scenario."""
@@ -331,11 +404,16 @@ class ChaosScenario:
     #: the last is final) instead of ``recovery_seconds``.
     inject: Injector | None
     settings: Mapping[str, str] = attrs.field(factory=dict)
+    #: The workers' simulated upstream (default :data:`SIMULATION`, about 0.75 s a task).
+    simulation: SimulationConfig = SIMULATION
     private_server: bool = False
     workers: int = _WORKERS
     #: The load (default: the common sizes, 150 tasks at 20/s quick, 500 at 25/s full).
     quick_size: ChaosSize = _QUICK
     full_size: ChaosSize = _FULL
+    #: Entered before the workers start and left after they stopped: what the workers need
+    #: around them (the HTTP scenarios' fake upstream, and ``run.config_file`` naming it).
+    surroundings: Callable[[ChaosRun], AbstractAsyncContextManager[None]] | None = None
     prepare: Callable[[ChaosRun], Awaitable[None]] | None = None
     make_requests: Callable[[int], list[TaskRequest]] | None = None
     watch: Watcher | None = None
@@ -378,14 +456,16 @@ async def _spawn_worker(run: ChaosRun, index: int) -> WorkerProcess:
         "-m",
         "engine.bench.chaos_worker",
         "--url",
-        run.url,
+        run.worker_url or run.url,
         "--ledger-url",
         run.ledger_url,
         "--sim",
-        simulation_to_json(SIMULATION),
+        simulation_to_json(run.scenario.simulation),
     ]
     for key, value in settings.items():
         cmd += ["--set", f"{key}={value}"]
+    if run.config_file is not None:
+        cmd += ["--config", str(run.config_file)]
     with log_path.open("ab") as log_file:
         proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, stderr=log_file)
     assert proc.stdout is not None
@@ -552,6 +632,20 @@ async def _completion_seconds(run: ChaosRun, measured_until: datetime) -> float:
     return round((end - first).total_seconds(), 3)
 
 
+async def submitted_twice(ledger_url: str) -> int:
+    """Tasks with more than one row in the ledger at ``ledger_url``: seen twice upstream."""
+    ledger = await connect(ledger_url, application_name=BENCH_APPLICATION)
+    try:
+        return int(
+            await ledger.fetchval(
+                f"SELECT count(*) FROM (SELECT task_id FROM {LEDGER_TABLE}"
+                " GROUP BY task_id HAVING count(*) > 1) AS s"
+            )
+        )
+    finally:
+        await ledger.close()
+
+
 async def _figures(
     run: ChaosRun, fault: FaultReport | None, measured_until: datetime
 ) -> dict[str, float]:
@@ -564,14 +658,7 @@ async def _figures(
         )
     }
     final = sum(n for status, n in counts.items() if status in _FINAL)
-    ledger = await connect(run.ledger_url, application_name=BENCH_APPLICATION)
-    try:
-        twice = await ledger.fetchval(
-            f"SELECT count(*) FROM (SELECT task_id FROM {LEDGER_TABLE}"
-            " GROUP BY task_id HAVING count(*) > 1) AS s"
-        )
-    finally:
-        await ledger.close()
+    twice = await submitted_twice(run.ledger_url)
     figures: dict[str, float] = {
         "tasks": float(len(run.submitted)),
         "tasks_lost": float(len(run.submitted) - final),
@@ -588,38 +675,32 @@ async def _figures(
     return figures
 
 
-async def run_chaos_scenario(
-    admin_url: str,
-    scenario: ChaosScenario | str,
-    *,
-    quick: bool = False,
-    log_dir: Path | None = None,
-) -> dict[str, float]:
-    """Run one scenario on fresh databases of ``admin_url``'s server; its figures, unprefixed.
+@attrs.frozen
+class BenchDatabases:
+    """A run's databases and the bench's own view of them."""
 
-    ``log_dir`` keeps the workers' logs (``<scenario>-worker-<n>.log``); by default they go to
-    a temporary directory that is removed afterwards.
-    """
-    if isinstance(scenario, str):
-        scenario = _BY_NAME[scenario]
-    size = scenario.quick_size if quick else scenario.full_size
+    #: The engine database, and the ledger's (on the bench's server, away from the faults).
+    url: str
+    ledger_url: str
+    monitor: Monitor
+    #: A client-only engine on ``url`` (submits, reads), with :data:`_MODEL` in its catalogue.
+    client: Engine
+
+
+@asynccontextmanager
+async def bench_databases(
+    engine_admin_url: str, ledger_admin_url: str, *, prefix: str = "engine_chaos_"
+) -> AsyncIterator[BenchDatabases]:
+    """A fresh, migrated engine database on ``engine_admin_url``'s server and a ledger database
+    on ``ledger_admin_url``'s, with the bench's monitor and client on the engine database; all
+    dropped on exit."""
     async with AsyncExitStack() as stack:
-        if log_dir is None:
-            tmp = Path(tempfile.mkdtemp(prefix="engine-chaos-logs-"))
-            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-            log_dir = tmp
-        log_dir.mkdir(parents=True, exist_ok=True)
-        server: embedded.EmbeddedServer | None = None
-        server_admin = admin_url
-        if scenario.private_server:
-            server = await stack.enter_async_context(_private_server())
-            server_admin = server.dsn("postgres")
         url = await stack.enter_async_context(
-            scratch_database(server_admin, "engine_chaos_", application_name=BENCH_APPLICATION)
+            scratch_database(engine_admin_url, prefix, application_name=BENCH_APPLICATION)
         )
         ledger_url = await stack.enter_async_context(
             scratch_database(
-                admin_url, "engine_chaos_", migrated=False, application_name=BENCH_APPLICATION
+                ledger_admin_url, prefix, migrated=False, application_name=BENCH_APPLICATION
             )
         )
         ledger = await connect(ledger_url, application_name=BENCH_APPLICATION)
@@ -627,7 +708,7 @@ async def run_chaos_scenario(
             await ledger.execute(LEDGER_DDL)
         finally:
             await ledger.close()
-        monitor = Monitor(url)
+        monitor = Monitor(url, patience=120.0)
         stack.push_async_callback(monitor.close)
         client_config = load_config(
             env={},
@@ -642,17 +723,63 @@ async def run_chaos_scenario(
             open_engine(client_config, urls=DatabaseUrls.single(url), control=False)
         )
         await client.set_model(_MODEL)
+        yield BenchDatabases(url, ledger_url, monitor, client)
+
+
+async def run_chaos_scenario(
+    admin_url: str,
+    scenario: ChaosScenario | str,
+    *,
+    quick: bool = False,
+    log_dir: Path | None = None,
+    production: bool = False,
+) -> dict[str, float]:
+    """Run one scenario on fresh databases of ``admin_url``'s server; its figures, unprefixed.
+    ``production``: with the configuration's default intervals (60 s leases, stale after 45 s)
+    instead of the short ones of :data:`WORKER_SETTINGS`.
+
+    ``log_dir`` keeps the workers' logs (``<scenario>-worker-<n>.log``); by default they go to
+    a temporary directory that is removed afterwards.
+    """
+    if isinstance(scenario, str):
+        scenario = _BY_NAME[scenario]
+    size = scenario.quick_size if quick else scenario.full_size
+    if production:
+        # The defaults under the scenario's own settings; the last tasks may wait out a whole
+        # lease or stale window, so the wait for them grows by both.
+        defaults = load_config(env={})
+        scenario = attrs.evolve(
+            scenario, settings={**production_settings(), **scenario.settings}
+        )
+        size = attrs.evolve(
+            size,
+            final_wait=size.final_wait + defaults.tasks.lease_ttl + defaults.recovery.stale_after,
+        )
+    async with AsyncExitStack() as stack:
+        if log_dir is None:
+            tmp = Path(tempfile.mkdtemp(prefix="engine-chaos-logs-"))
+            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+            log_dir = tmp
+        log_dir.mkdir(parents=True, exist_ok=True)
+        server: embedded.EmbeddedServer | None = None
+        server_admin = admin_url
+        if scenario.private_server:
+            server = await stack.enter_async_context(_private_server())
+            server_admin = server.dsn("postgres")
+        dbs = await stack.enter_async_context(bench_databases(server_admin, admin_url))
         run = ChaosRun(
             scenario=scenario,
             quick=quick,
-            url=url,
+            url=dbs.url,
             server_admin_url=server_admin,
-            ledger_url=ledger_url,
-            monitor=monitor,
-            client=client,
+            ledger_url=dbs.ledger_url,
+            monitor=dbs.monitor,
+            client=dbs.client,
             log_dir=log_dir,
             server=server,
         )
+        if scenario.surroundings is not None:
+            await stack.enter_async_context(scenario.surroundings(run))
         stack.push_async_callback(_stop_workers, run)
         async with trio.open_nursery() as nursery:
             for index in range(scenario.workers):
@@ -1238,6 +1365,46 @@ CHAOS_SCENARIOS: list[ChaosScenario] = [
             "rate_exceeded_windows": ("<=", 0.0),
         },
     ),
+    # Real upstreams (engine/bench/chaos_upstream.py): a kill while the upstream holds the
+    # submissions, with and without an idempotency key.
+    *(
+        ChaosScenario(
+            name,
+            kill_mid_submission,
+            surroundings=upstream_surroundings,
+            prepare=prepare_upstream,
+            make_requests=upstream_requests(model),
+            evaluate=evaluate_upstream,
+            quick_size=ChaosSize(tasks=120, rate=20.0, final_wait=45.0),
+            full_size=ChaosSize(tasks=400, rate=25.0, final_wait=90.0),
+            targets={
+                "in_flight_at_kill": (">=", 1.0),
+                "accepted_twice": ("<=", 0.0),
+                # Work flows again once a resumed task completes, which takes one upstream
+                # answer (SUBMIT_LATENCY) after its claim.
+                "recovery_seconds": ("<=", 5.0 + SUBMIT_LATENCY),
+                **extra,
+            },
+        )
+        for name, model, extra in (
+            ("upstream_idempotent", IDEMPOTENT_MODEL, {"manual_review": ("<=", 0.0)}),
+            ("upstream_once", ONCE_MODEL, {"manual_review_beyond_in_flight": ("<=", 0.0)}),
+        )
+    ),
+    # Through PgBouncer in transaction pooling mode (engine/bench/chaos_pgbouncer.py).
+    *(
+        ChaosScenario(
+            name,
+            inject,
+            surroundings=pgbouncer_surroundings,
+            evaluate=evaluate_pgbouncer,
+            targets=PGBOUNCER_TARGETS,
+        )
+        for name, inject in (
+            ("pgbouncer_sigkill", _sigkill_worker),
+            ("pgbouncer_restart", restart_pgbouncer),
+        )
+    ),
 ]
 
 _BY_NAME = {s.name: s for s in CHAOS_SCENARIOS}
@@ -1250,22 +1417,31 @@ _COMMON_TARGETS: Mapping[str, tuple[str, float]] = {
 }
 
 
-def scenario_targets(scenario: ChaosScenario) -> dict[str, tuple[str, float]]:
+def scenario_targets(
+    scenario: ChaosScenario, *, production: bool = False
+) -> dict[str, tuple[str, float]]:
     """The scenario's targets, by its unprefixed figure names (no ``recovery_seconds`` without
-    a fault)."""
+    a fault). ``production``: recovery's bound is the production stale window plus a scan
+    interval instead of the short intervals' 5 s (a scenario's own slack on top is kept)."""
     common = {
         k: v
         for k, v in _COMMON_TARGETS.items()
         if scenario.inject is not None or k != "recovery_seconds"
     }
-    return {**common, **scenario.targets}
+    targets = {**common, **scenario.targets}
+    if production and "recovery_seconds" in targets:
+        op, bound = targets["recovery_seconds"]
+        short = _COMMON_TARGETS["recovery_seconds"][1]
+        targets["recovery_seconds"] = (op, bound - short + _production_bound())
+    return targets
 
 
 def _all_targets() -> dict[str, tuple[str, float]]:
     return {
-        f"{s.name}_{key}": target
+        f"{prefix}{s.name}_{key}": target
+        for prefix, production in (("", False), (PRODUCTION_PREFIX, True))
         for s in CHAOS_SCENARIOS
-        for key, target in scenario_targets(s).items()
+        for key, target in scenario_targets(s, production=production).items()
     }
 
 
@@ -1276,10 +1452,14 @@ TARGETS: dict[str, tuple[str, float]] = _all_targets()
 async def run_chaos_bench(
     admin_url: str, *, quick: bool = False, log_dir: Path | None = None
 ) -> dict[str, float]:
-    """Run every scenario of :data:`CHAOS_SCENARIOS` on ``admin_url``'s server; their figures,
-    each prefixed with the scenario's name."""
+    """Run every scenario of :data:`CHAOS_SCENARIOS` on ``admin_url``'s server twice: at the
+    short intervals, then at the production defaults; their figures, each prefixed with the
+    scenario's name (and :data:`PRODUCTION_PREFIX` for the second pass)."""
     results: dict[str, float] = {}
-    for scenario in CHAOS_SCENARIOS:
-        figures = await run_chaos_scenario(admin_url, scenario, quick=quick, log_dir=log_dir)
-        results.update({f"{scenario.name}_{k}": v for k, v in figures.items()})
+    for prefix, production in (("", False), (PRODUCTION_PREFIX, True)):
+        for scenario in CHAOS_SCENARIOS:
+            figures = await run_chaos_scenario(
+                admin_url, scenario, quick=quick, log_dir=log_dir, production=production
+            )
+            results.update({f"{prefix}{scenario.name}_{k}": v for k, v in figures.items()})
     return results

@@ -12,7 +12,9 @@ submission is written to a ledger before the upstream accepts it.
 * ``--set section.field=value``: configuration overrides, as ``python -m engine --set``
   (the environment is ignored, so a run does not depend on the caller's ``ENGINE_*``);
 * ``--sim``: a :class:`~engine.providers.simulated.SimulationConfig` as JSON, latencies as
-  ``{"kind": "uniform", "a": 0.1, "b": 0.2}``.
+  ``{"kind": "uniform", "a": 0.1, "b": 0.2}``;
+* ``--config``: a TOML configuration file, read under the ``--set`` overrides (the HTTP
+  scenarios describe their ``[[http_models]]`` there).
 
 It runs :func:`engine.service.root.serve` and prints ``ready <instance_id>`` on stdout once
 the service has started. SIGTERM or SIGINT stop it gracefully; SIGKILL is what the scenarios use.
@@ -32,6 +34,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -153,8 +156,10 @@ def _overrides(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-async def _serve(url: str, provider: LedgerProvider, overrides: dict[str, str]) -> None:
-    config = load_config(env={}, overrides=overrides)
+async def _serve(
+    url: str, provider: LedgerProvider, overrides: dict[str, str], config_file: Path | None
+) -> None:
+    config = load_config(env={}, toml_path=config_file, overrides=overrides)
     async with asyncio_loop():
         await provider.open()
         try:
@@ -182,11 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ledger-url", required=True, help="the database of the ledger table")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--sim", default="{}", help="SimulationConfig as JSON")
+    parser.add_argument("--config", type=Path, help="a TOML configuration file (http_models)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     configure_logging("kv", args.log_level)
     provider = LedgerProvider(simulation_from_json(args.sim), args.ledger_url)
-    trio.run(_serve, args.url, provider, _overrides(args.set))
+    trio.run(_serve, args.url, provider, _overrides(args.set), args.config)
     return 0
 
 

@@ -21,16 +21,25 @@ __all__ = ["SCENARIOS", "Scenario", "run_benchmarks"]
 
 @attrs.frozen
 class Scenario:
-    """A named benchmark: ``run(admin_url, quick=...)`` returns its figures."""
+    """A named benchmark: ``run(admin_url, quick=...)`` returns its figures (``tasks=N`` too,
+    when ``takes_tasks``)."""
 
     name: str
     run: Callable[..., Awaitable[dict[str, float]]]
     targets: dict[str, tuple[str, float]]
+    takes_tasks: bool = False
+    takes_minutes: bool = False
+    #: Run by ``bench all`` (a soak runs only when named: it lasts an hour by default).
+    in_all: bool = True
 
 
 def _scenarios() -> dict[str, Scenario]:
     from engine.bench.chaos import TARGETS as CHAOS_TARGETS
     from engine.bench.chaos import run_chaos_bench
+    from engine.bench.http import TARGETS as HTTP_TARGETS
+    from engine.bench.http import run_http_bench
+    from engine.bench.inflight import TARGETS as INFLIGHT_TARGETS
+    from engine.bench.inflight import run_inflight_bench
     from engine.bench.load import TARGETS as LOAD_TARGETS
     from engine.bench.load import run_load_bench
     from engine.bench.queue import TARGETS as QUEUE_TARGETS
@@ -39,6 +48,8 @@ def _scenarios() -> dict[str, Scenario]:
     from engine.bench.resize import run_resize_bench
     from engine.bench.river_indexes import TARGETS as RIVER_INDEX_TARGETS
     from engine.bench.river_indexes import run_river_indexes_bench
+    from engine.bench.soak import TARGETS as SOAK_TARGETS
+    from engine.bench.soak import run_soak_bench
     from engine.bench.tasks import TARGETS as TASK_TARGETS
     from engine.bench.tasks import run_tasks_bench
 
@@ -49,6 +60,9 @@ def _scenarios() -> dict[str, Scenario]:
         Scenario("resize", run_resize_bench, RESIZE_TARGETS),
         Scenario("load", run_load_bench, LOAD_TARGETS),
         Scenario("river_indexes", run_river_indexes_bench, RIVER_INDEX_TARGETS),
+        Scenario("http", run_http_bench, HTTP_TARGETS, takes_tasks=True),
+        Scenario("inflight", run_inflight_bench, INFLIGHT_TARGETS, takes_tasks=True),
+        Scenario("soak", run_soak_bench, SOAK_TARGETS, takes_minutes=True, in_all=False),
     ]
     return {s.name: s for s in found}
 
@@ -78,10 +92,14 @@ def run_benchmarks(
     json_path: Path | None = None,
     markdown_path: Path | None = None,
     quick: bool = False,
+    tasks: int | None = None,
+    minutes: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """Run ``names`` (or every scenario for ``all``) on the configured server; print tables,
-    write JSON (one scenario: its figures; several: keyed by scenario) and markdown."""
-    chosen = list(SCENARIOS) if names == ["all"] else names
+    write JSON (one scenario: its figures; several: keyed by scenario) and markdown.
+    ``tasks`` sizes the scenarios that take a task count (``http``), ``minutes`` those that
+    run for a while (``soak``)."""
+    chosen = [n for n, s in SCENARIOS.items() if s.in_all] if names == ["all"] else names
     results: dict[str, dict[str, float]] = {}
     server = ""
 
@@ -91,7 +109,13 @@ def run_benchmarks(
             server = await _server_version(urls.tasks)
             print(f"PostgreSQL {server} ({redact(urls.tasks)})", flush=True)
             for name in chosen:
-                figures = await SCENARIOS[name].run(urls.tasks, quick=quick)
+                scenario = SCENARIOS[name]
+                sized: dict[str, float] = {}
+                if tasks is not None and scenario.takes_tasks:
+                    sized["tasks"] = tasks
+                if minutes is not None and scenario.takes_minutes:
+                    sized["minutes"] = minutes
+                figures = await scenario.run(urls.tasks, quick=quick, **sized)
                 results[name] = figures
                 print(format_table(f"bench {name}", figures, SCENARIOS[name].targets), flush=True)
 

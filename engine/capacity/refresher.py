@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -47,7 +48,7 @@ from engine.queue.client import QueueClient
 from engine.queue.generation import MAX_WORKERS
 from engine.queue.slots import SlotPool
 
-__all__ = ["CATALOG_CHANNEL", "CapacityRefresher"]
+__all__ = ["CATALOG_CHANNEL", "FAILURES_NOT_READY", "CapacityRefresher"]
 
 _NOTIFY_INSTANCES = "SELECT pg_notify($1, 'instances')"
 _REACTIVATE = QUERIES["worker_instance_reactivate"]
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 
 #: NOTIFY channel: the catalogue or the set of instances changed; refresh now.
 CATALOG_CHANNEL = "engine_catalog"
+
+#: Failed refreshes in a row after which the instance reports itself not ready: one failure is
+#: a blip (the current generation keeps running), three mean the share is no longer known.
+FAILURES_NOT_READY = 3
 
 
 class CapacityRefresher:
@@ -78,7 +83,11 @@ class CapacityRefresher:
         metrics: Metrics | None = None,
         args_filter: tuple[str, tuple[str, ...]] | None = None,
         models: tuple[str, ...] | None = None,
+        on_state: Callable[[str, bool], None] | None = None,
     ) -> None:
+        """``on_state(condition, ok)`` after every refresh, for readiness: ``capacity_refresh``
+        is false after :data:`FAILURES_NOT_READY` failed refreshes in a row, ``generation``
+        while this instance has a share but no generation running it."""
         self.config = config
         self.db = db
         self.queue = queue
@@ -98,6 +107,8 @@ class CapacityRefresher:
         self.snapshot: CapacitySnapshot | None = None
         self.allocation: Allocation | None = None
         self.refreshes = 0
+        self.on_state = on_state
+        self._failures = 0
         self.changed = trio.Event()
         self._wake = trio.Event()
 
@@ -145,7 +156,18 @@ class CapacityRefresher:
 
     async def refresh_once(self) -> str:
         """One tick; returns the outcome (``unchanged``, ``success``, ``refresh_failed``,
-        ``start_failed``)."""
+        ``start_failed``), also reported to ``on_state``."""
+        outcome = await self._refresh()
+        self._failures = self._failures + 1 if outcome == "refresh_failed" else 0
+        if self.on_state is not None:
+            self.on_state("capacity_refresh", self._failures < FAILURES_NOT_READY)
+            share = 0 if self.allocation is None else self.allocation.allocated
+            current = self.room.current
+            running = current is not None and not current.stopped.is_set()
+            self.on_state("generation", share == 0 or running)
+        return outcome
+
+    async def _refresh(self) -> str:
         self.refreshes += 1
         try:
             snapshot, allocation = await self._register()
@@ -164,12 +186,8 @@ class CapacityRefresher:
         if self.load is not None:
             self.load.set_claim_limit(share)
         if self.metrics is not None:
-            self.metrics.set_async_worker_capacity(
-                share, snapshot.desired, snapshot.hard_limit, snapshot.capped
-            )
-            self.metrics.set_distributed_worker_capacity(
-                allocation.active_instances, allocation.global_allocated, share
-            )
+            self.metrics.set_capacity(share, snapshot.desired, snapshot.hard_limit, snapshot.capped)
+            self.metrics.set_cluster(allocation.active_instances, allocation.global_allocated)
         outcome = await self.room.resize(share)
         if outcome == "unchanged":
             return outcome
@@ -219,7 +237,7 @@ class CapacityRefresher:
         registered and its first generation, if any, is fetching). On the way out, by
         cancellation or a crash, the instance is marked draining and the room closed by the
         shutdown policy."""
-        listener = Listener(self.db.coordination.dsn, [CATALOG_CHANNEL])
+        listener = Listener(self.db.coordination.listen_dsn, [CATALOG_CHANNEL])
         async with trio.open_nursery() as nursery:
             await nursery.start(self.room.run)
             try:

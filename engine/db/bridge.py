@@ -19,6 +19,16 @@ released inside a transaction, for example); it also raises the report inside th
 nursery. That cancels every socket watcher of the loop at once, and each asyncpg call still
 waiting then waits forever (trio-asyncio holds a trio cancellation until the asyncio future
 completes). :func:`asyncio_loop` installs :func:`log_asyncio_error` instead.
+
+Behind PgBouncer in transaction pooling mode (``pooler="transaction"`` on :func:`create_pool`)
+each transaction may run on another server connection, and a session setting sent at connect
+time is refused by PgBouncer ("unsupported startup parameter") or would stay on a server
+connection other clients share. So the pool then caches no prepared statements (asyncpg
+re-parses its unnamed statement in the same message sequence as the execution, which
+PgBouncer 1.18 forwards to one server connection) and sets ``lock_timeout`` with
+``SET LOCAL`` at the start of every transaction it opens; a statement run outside a
+transaction is wrapped in one for that, so every statement the engine sends has its lock
+timeout and none outlives its transaction.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 import asyncpg
 import trio
@@ -48,11 +58,13 @@ __all__ = [
     "Connection",
     "Counters",
     "Pool",
+    "Pooler",
     "Record",
     "asyncio_loop",
     "call",
     "connect",
     "create_pool",
+    "lock_timeout_statement",
     "log_asyncio_error",
     "map_error",
 ]
@@ -61,6 +73,10 @@ log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: What stands between the engine and PostgreSQL: nothing, or a pooler in transaction pooling
+#: mode (PgBouncer ``pool_mode = transaction``); see the module docstring.
+Pooler = Literal["none", "transaction"]
 
 
 class Record(Protocol):
@@ -209,33 +225,53 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     return None
 
 
+def lock_timeout_statement(lock_timeout: float) -> str:
+    """The ``SET LOCAL lock_timeout`` statement for ``lock_timeout`` seconds."""
+    return f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"
+
+
 class Connection:
-    """A trio-facing asyncpg connection: the same query methods, awaited from trio."""
+    """A trio-facing asyncpg connection: the same query methods, awaited from trio.
 
-    __slots__ = ("raw",)
+    ``begin_settings`` (a ``SET LOCAL`` statement) runs at the start of every transaction, and
+    a statement outside a transaction then runs in one of its own: how settings reach every
+    statement behind a transaction pooler (see the module docstring).
+    """
 
-    def __init__(self, raw: asyncpg.Connection) -> None:
+    __slots__ = ("begin_settings", "raw")
+
+    def __init__(self, raw: asyncpg.Connection, begin_settings: str | None = None) -> None:
         self.raw = raw
+        self.begin_settings = begin_settings
+
+    async def _run(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        query: str,
+        args: tuple[Any, ...],
+        timeout: float | None,
+    ) -> T:
+        Counters.statements += 1
+        if self.begin_settings is None or self.raw.is_in_transaction():
+            return await call(fn, query, *args, timeout=timeout)
+        async with self.transaction():
+            return await call(fn, query, *args, timeout=timeout)
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         """Run a statement; return its status tag (``UPDATE 3``)."""
-        Counters.statements += 1
-        return await call(self.raw.execute, query, *args, timeout=timeout)
+        return await self._run(self.raw.execute, query, args, timeout)
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Record]:
         """Run a query and return every row."""
-        Counters.statements += 1
-        return await call(self.raw.fetch, query, *args, timeout=timeout)
+        return await self._run(self.raw.fetch, query, args, timeout)
 
     async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Record | None:
         """Run a query and return its first row, or None."""
-        Counters.statements += 1
-        return await call(self.raw.fetchrow, query, *args, timeout=timeout)
+        return await self._run(self.raw.fetchrow, query, args, timeout)
 
     async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> Any:
         """Run a query and return the first column of its first row."""
-        Counters.statements += 1
-        return await call(self.raw.fetchval, query, *args, timeout=timeout)
+        return await self._run(self.raw.fetchval, query, args, timeout)
 
     def is_closed(self) -> bool:
         """True once the connection is closed or lost."""
@@ -271,6 +307,9 @@ class Connection:
             begin = (
                 "BEGIN" if isolation is None else f"BEGIN ISOLATION LEVEL {_isolation(isolation)}"
             )
+            if self.begin_settings is not None:
+                # One round trip: a simple query may hold several statements.
+                begin = f"{begin}; {self.begin_settings}"
             commit, rollback = "COMMIT", "ROLLBACK"
         # Our own statements, not asyncpg's Transaction: it cannot tell whether a cancelled BEGIN
         # reached the server, and a connection released with its transaction open is reported
@@ -330,20 +369,39 @@ def _terminate(raw: Any) -> None:
 
 
 class Pool:
-    """A trio-facing asyncpg pool whose connections are always returned, even on cancellation."""
+    """A trio-facing asyncpg pool whose connections are always returned, even on cancellation.
 
-    __slots__ = ("dsn", "raw")
+    ``listen_dsn`` is where this pool's database is reached for LISTEN and other session-level
+    work: ``dsn`` itself without a pooler, else a direct URL, or None (behind a transaction
+    pooler without one: notifications are not listened to, their consumers poll).
+    ``begin_settings`` goes to each borrowed :class:`Connection`.
+    """
 
-    def __init__(self, raw: asyncpg.Pool, dsn: str) -> None:
+    __slots__ = ("begin_settings", "dsn", "listen_dsn", "pooler", "raw")
+
+    def __init__(
+        self,
+        raw: asyncpg.Pool,
+        dsn: str,
+        *,
+        pooler: Pooler = "none",
+        listen_dsn: str | None = None,
+        begin_settings: str | None = None,
+    ) -> None:
         self.raw = raw
         self.dsn = dsn
+        self.pooler: Pooler = pooler
+        self.listen_dsn: str | None = (
+            listen_dsn if listen_dsn is not None else dsn if pooler == "none" else None
+        )
+        self.begin_settings = begin_settings
 
     @asynccontextmanager
     async def acquire(self, timeout: float | None = None) -> AsyncIterator[Connection]:
         """Borrow a connection; it goes back to the pool under a shield, never leaked."""
         raw = await call(self.raw.acquire, timeout=timeout)
         try:
-            yield Connection(raw)
+            yield Connection(raw, self.begin_settings)
         finally:
             # asyncpg bounds its own release too: a connection whose statement was cancelled
             # waits there for the cancellation to finish (inside asyncio.shield, so our deadline
@@ -425,20 +483,35 @@ async def create_pool(
     application_name: str = "engine",
     lock_timeout: float | None = None,
     command_timeout: float | None = None,
+    pooler: Pooler = "none",
+    listen_dsn: str | None = None,
 ) -> Pool:
-    """Open an asyncpg pool usable from trio (inside :func:`asyncio_loop`)."""
+    """Open an asyncpg pool usable from trio (inside :func:`asyncio_loop`).
+
+    With ``pooler="transaction"`` no prepared statement is cached (``statement_cache_size``
+    is ignored) and ``lock_timeout`` is set per transaction instead of per session (the module
+    docstring). ``listen_dsn``: see :class:`Pool`.
+    """
+    per_transaction = pooler == "transaction"
     raw = await call(
         asyncpg.create_pool,
         dsn,
         min_size=min_size,
         max_size=max_size,
-        statement_cache_size=statement_cache_size,
+        statement_cache_size=0 if per_transaction else statement_cache_size,
         command_timeout=command_timeout,
-        server_settings=_server_settings(application_name, lock_timeout),
+        server_settings=_server_settings(
+            application_name, None if per_transaction else lock_timeout
+        ),
         init=_init_connection,
         reset=_keep_session,
     )
-    return Pool(raw, dsn)
+    begin_settings = (
+        lock_timeout_statement(lock_timeout)
+        if per_transaction and lock_timeout is not None
+        else None
+    )
+    return Pool(raw, dsn, pooler=pooler, listen_dsn=listen_dsn, begin_settings=begin_settings)
 
 
 async def connect(

@@ -9,6 +9,12 @@ The URLs may differ (other users, other settings, a proxy), but today they must 
 database: a task and its job are written in one transaction, and finishing a task releases its
 scope slots in the same statement. :func:`open_database` checks that and names the setting to fix,
 instead of letting a role read empty tables.
+
+Behind a pooler in transaction pooling mode (``pooler="transaction"``, PgBouncer's
+``pool_mode = transaction``) the pools keep no session state (see :mod:`engine.db.bridge`),
+and LISTEN, which needs a session of its own, goes to ``listen_url``: a direct URL of the same
+database, checked like the role URLs. Without one nothing listens and every consumer of
+notifications works at its poll interval instead.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
-from engine.db.bridge import Pool, asyncio_loop, create_pool
+from engine.db.bridge import Pool, Pooler, asyncio_loop, connect, create_pool
 from engine.db.dsn import redact
 from engine.db.sqlfiles import QUERIES
 from engine.errors import ConfigError, ConnectionLost
@@ -74,8 +80,14 @@ async def open_database(
     attempts: int = 3,
     retry_delay: float = 2.0,
     application_name: str = "engine",
+    pooler: Pooler = "none",
+    listen_url: str | None = None,
 ) -> AsyncIterator[Database]:
     """Open the role pools, retrying an unreachable server ``attempts`` times.
+
+    ``pooler`` says what the role URLs go through (``database.pooler``) and ``listen_url`` is
+    the direct URL for LISTEN (``database.listen_url``; see the module docstring): each pool's
+    :attr:`~engine.db.bridge.Pool.listen_dsn`.
 
     The Go worker retries start-up 3 times 2 s apart and then gives up loudly; so do we
     (``database.connect_attempts``), and the service retries its whole start on top of that
@@ -84,9 +96,16 @@ async def open_database(
     Raises:
         ConnectionLost: the server could not be reached after every attempt; the message names
             the URL (without its password) and the last error.
-        ConfigError: a role's URL reaches another database than the tasks URL (see the module
-            docstring).
+        ConfigError: a role's URL, or ``listen_url``, reaches another database than the tasks
+            URL (see the module docstring).
     """
+    if pooler == "transaction":
+        log.info(
+            "behind a transaction pooler: no prepared statement cache, lock_timeout per "
+            "transaction, %s",
+            f"LISTEN on {redact(listen_url)}" if listen_url else "no LISTEN (polling)",
+            extra={"event": "database_pooler", "pooler": pooler},
+        )
     async with asyncio_loop(), AsyncExitStack() as stack:
         pools: dict[str, Pool] = {}
         for url in dict.fromkeys((urls.tasks, urls.coordination, urls.queue)):
@@ -100,11 +119,13 @@ async def open_database(
                 lock_timeout=lock_timeout,
                 command_timeout=command_timeout,
                 application_name=application_name,
+                pooler=pooler,
+                listen_dsn=listen_url,
             )
             stack.push_async_callback(pool.close)
             pools[url] = pool
-        if len(pools) > 1:
-            await _check_one_database(urls, pools)
+        if len(pools) > 1 or (listen_url is not None and listen_url != urls.tasks):
+            await _check_one_database(urls, pools, listen_url)
         yield Database(urls, pools[urls.tasks], pools[urls.coordination], pools[urls.queue])
 
 
@@ -112,12 +133,15 @@ _MARK = QUERIES["session_mark_for_transaction"]
 _COUNT_MARKED = QUERIES["session_count_marked"]
 
 
-async def _check_one_database(urls: DatabaseUrls, pools: dict[str, Pool]) -> None:
-    """Raise :class:`ConfigError` unless every role's pool reaches the tasks pool's database.
+async def _check_one_database(
+    urls: DatabaseUrls, pools: dict[str, Pool], listen_url: str | None = None
+) -> None:
+    """Raise :class:`ConfigError` unless every role's pool, and ``listen_url``, reach the tasks
+    pool's database.
 
     URLs cannot tell (``localhost`` and ``127.0.0.1``, a proxy, another user), so a tasks
     connection marks itself with a one-off application name for one transaction, and each other
-    pool looks for that session in its own database.
+    pool (and a connection of ``listen_url``) looks for that session in its own database.
     """
     probe = f"engine-probe-{uuid.uuid4().hex}"
     problems = []
@@ -141,6 +165,19 @@ async def _check_one_database(urls: DatabaseUrls, pools: dict[str, Pool]) -> Non
                     f"{field} ({redact(url)}) reaches another database than the tasks URL "
                     f"({redact(urls.tasks)}); {why}: point {field} at the same database, or "
                     f"unset it"
+                )
+        if listen_url is not None and listen_url != urls.tasks:
+            direct = await connect(listen_url, application_name=f"{probe}-listen")
+            try:
+                found = await direct.fetchval(_COUNT_MARKED, probe)
+            finally:
+                await direct.close()
+            if not found:
+                problems.append(
+                    f"database.listen_url ({redact(listen_url)}) reaches another database than "
+                    f"the tasks URL ({redact(urls.tasks)}); notifications are sent in the tasks "
+                    "database: point database.listen_url at that database, directly (not "
+                    "through the pooler)"
                 )
     if problems:
         raise ConfigError(problems)

@@ -1,8 +1,12 @@
 """LISTEN/NOTIFY delivered into trio, surviving reconnects.
 
-One dedicated connection per :class:`Listener` (PgBouncer in transaction mode drops LISTEN, so
-every consumer also polls). asyncpg calls our callback on the asyncio side; it only does a
-``send_nowait`` into a trio channel (measured p50 278 µs ping-pong on a 2-core machine).
+One dedicated connection per :class:`Listener`. LISTEN needs a session of its own, which a
+pooler in transaction mode (PgBouncer's ``pool_mode = transaction``) does not keep, so behind
+one the listener connects to a direct URL (``database.listen_url``); without one it gets no
+URL, listens to nothing and delivers nothing, and every consumer works at its poll interval
+(each one also polls where notifications arrive). asyncpg calls our callback on the asyncio
+side; it only does a ``send_nowait`` into a trio channel (measured p50 278 µs ping-pong on a
+2-core machine).
 
 After the connection is lost the listener reconnects with backoff, re-issues every LISTEN and
 delivers :data:`RESYNC`, because notifications sent while it was away are gone: consumers treat
@@ -42,12 +46,14 @@ class Listener:
     """LISTEN on ``channels`` over a dedicated connection; read from :attr:`receive`.
 
     Run it with ``await nursery.start(listener.run)``: ``started()`` comes once every LISTEN is
-    in place, so a test can NOTIFY right after. It only returns when cancelled.
+    in place, so a test can NOTIFY right after. It only returns when cancelled. With ``dsn``
+    None (behind a transaction pooler without a direct URL) it connects nowhere: ``started()``
+    comes at once and nothing is ever delivered.
     """
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | None,
         channels: Sequence[str],
         *,
         buffer: int = 1024,
@@ -70,6 +76,7 @@ class Listener:
             self._overflowed = True
 
     async def _session(self, *, task_status: trio.TaskStatus[None]) -> None:
+        assert self.dsn is not None
         lost = trio.Event()
         conn = await connect(self.dsn, application_name="engine-listener")
         self.connection = conn
@@ -101,6 +108,9 @@ class Listener:
         backoff = 0.05
         first = True
         async with self._send:
+            if self.dsn is None:
+                task_status.started()
+                await trio.sleep_forever()
             while True:
                 try:
                     async with trio.open_nursery() as nursery:

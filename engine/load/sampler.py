@@ -443,7 +443,7 @@ class LoadSamplerService:
             interval: seconds between samples (``load.sample_interval``), > 0.
             connections: returns ``(in use, maximum)`` database connections; ``(0, 0)``
                 (unknown, not judged) if ``None``.
-            on_snapshot: called with every new snapshot (e.g. :meth:`Metrics.set_worker_load`).
+            on_snapshot: called with every new snapshot (e.g. :meth:`Metrics.set_load`).
 
         Raises:
             ValueError: if ``interval`` is not a positive finite number.

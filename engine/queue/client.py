@@ -367,7 +367,7 @@ async def make_queue_client(
         workers=workers,
         instance_id=instance_id or make_instance_id(),
         channels=channels,
-        notifier=Notifier(db.queue.dsn, channels),
+        notifier=Notifier(db.queue.listen_dsn, channels),
         completer=completer,
         slots=slots or SlotPool(math.inf),
     )

@@ -87,7 +87,7 @@ class Wakeup:
 class Notifier:
     """The process's listener; subscribe per queue, or to control and leadership messages."""
 
-    def __init__(self, dsn: str, channels: Channels) -> None:
+    def __init__(self, dsn: str | None, channels: Channels) -> None:
         self.channels = channels
         self.listener = Listener(dsn, [channels.insert, channels.control, channels.leadership])
         self._queue_wakeups: dict[str, set[Wakeup]] = defaultdict(set)

@@ -64,6 +64,7 @@ from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
 from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact
+from engine.db.probe import probe_database
 from engine.db.resolve import embedded_data_dir, external_urls, migrate_databases, open_urls
 from engine.db.sqlfiles import QUERIES
 from engine.db.watch import watch_embedded
@@ -73,7 +74,8 @@ from engine.load.retry_delay import worker_load_retry_delay
 from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
 from engine.metrics import Metrics
 from engine.providers.app import check_providers, load_app, open_providers
-from engine.providers.base import Provider
+from engine.providers.base import Provider, callback_poll_interval
+from engine.providers.context import open_lifespans
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.client import make_instance_id, make_queue_client
 from engine.queue.generation import MAX_WORKERS
@@ -84,8 +86,9 @@ from engine.recovery.rescuer import RecoveryReport, Rescuer
 from engine.schedules.model import Schedule, check_schedules
 from engine.schedules.scheduler import PeriodicScheduler
 from engine.service.engine import Engine
-from engine.service.health import Health
+from engine.service.health import DATABASE, Health
 from engine.service.supervise import supervise
+from engine.tasks.callbacks import CallbackCleaner
 from engine.tasks.jobs import TaskRunArgs, model_claim_filter
 from engine.tasks.notices import TaskNotices
 from engine.tasks.runner import LeaseKeeper, TaskRunner
@@ -95,7 +98,7 @@ __all__ = ["open", "serve"]
 
 log = logging.getLogger(__name__)
 
-_WAITING_COUNT = QUERIES["admission_count_waiting"]
+_WAITING_BY_MODEL = QUERIES["admission_count_waiting_by_model"]
 
 #: Seconds the records layer gets to stop once the control layer has: the completer's and the
 #: event writer's last flushes are bounded on their own (30 s and 10 s), this bounds the rest.
@@ -264,6 +267,9 @@ async def _serve_once(
                 await stack.enter_async_context(open_http_providers(config.http_models)),
             )
         served = check_providers(providers or {})
+        # Entered once, before any task runs; exited after the last one (and after the pools
+        # close), before the providers' own context closes.
+        resources = await stack.enter_async_context(open_lifespans(served)) if worker else {}
         # The embedded server is ours to keep up only when we started it from the config.
         external = urls is not None or external_urls(config) is not None
         if urls is None:
@@ -278,6 +284,8 @@ async def _serve_once(
                 command_timeout=dbc.command_timeout,
                 attempts=dbc.connect_attempts,
                 retry_delay=dbc.connect_retry_delay,
+                pooler=dbc.pooler,
+                listen_url=dbc.listen_url,
             )
         )
         if dbc.migrate_on_start:
@@ -290,6 +298,7 @@ async def _serve_once(
                 thresholds=_thresholds(config),
             )
         engine = await _assemble(config, db, urls, served, simulated, load if worker else None)
+        engine.runner.resources = resources
         await _run_tree(
             engine,
             worker=worker,
@@ -398,7 +407,7 @@ async def _assemble(
         db,
         queue,
         store,
-        TaskNotices(db.tasks.dsn, keeper.cancel),
+        TaskNotices(db.tasks.listen_dsn, keeper.cancel, keeper.wake),
         keeper,
         runner,
         event_writer=events,
@@ -464,16 +473,28 @@ async def _run_tree(
                         watch_embedded,
                         watch,
                         interval=config.database.embedded_check_interval,
-                        on_state=lambda up: engine.health.mark("database", up),
+                        on_state=lambda up: engine.health.mark("embedded_server", up),
                     )
                 )
+            await services.start(
+                functools.partial(
+                    probe_database,
+                    engine.db,
+                    interval=config.database.probe_interval,
+                    on_state=lambda up: engine.health.mark(DATABASE, up),
+                )
+            )
             await services.start(engine.event_writer.run)
             await services.start(engine.queue.run_completer)
             await services.start(engine.queue.run_notifier)
             await services.start(engine.notices.run)
             await services.start(engine.keeper.run)
             if worker:
-                also = (_periodic(engine, schedules).run,) if schedules else ()
+                also: tuple[Callable[[], Awaitable[None]], ...] = (
+                    CallbackCleaner(engine.db.tasks).run,
+                )
+                if schedules:
+                    also += (_periodic(engine, schedules).run,)
                 await services.start(engine.queue.make_elector(also).run)
             elif schedules and control:
                 log.info(
@@ -516,19 +537,31 @@ async def _run_tree(
 async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool) -> None:
     """Start the control layer's siblings in order, each under :func:`supervise`."""
     config, db, metrics, health = engine.config, engine.db, engine.metrics, engine.health
-    if config.metrics.enabled or config.dashboard.enabled:
-        # One HTTP server: /metrics (if metrics.enabled), /healthz, /readyz and the dashboard
-        # (if dashboard.enabled); refused off loopback without the dashboard's credentials.
-        # Imported here: the web stack is loaded only by a service that serves it.
+    # A worker whose providers take upstream callbacks serves POST /hooks/<task id>, on the
+    # one HTTP server (started for it even with metrics and the dashboard off).
+    hooks = worker and any(
+        callback_poll_interval(p) is not None for p in engine.runner.providers.values()
+    )
+    if config.metrics.enabled or config.dashboard.enabled or hooks:
+        # One HTTP server: /metrics (if metrics.enabled), /healthz, /readyz, the hooks and the
+        # dashboard (if dashboard.enabled); refused off loopback without the dashboard's
+        # credentials. Imported here: the web stack is loaded only by a service that serves it.
         from engine.web.service import http_server
 
         server = http_server(
             engine,
             metrics=bool(config.metrics.enabled),
             dashboard=bool(config.dashboard.enabled),
+            hooks=hooks,
         )
         port = await nursery.start(supervise, "metrics", lambda: server.run, health)
         base = f"http://{config.metrics.host}:{port}"
+        if hooks:
+            engine.runner.hooks_base_url = base
+            log.info(
+                "upstream callbacks served",
+                extra={"event": "hooks_started", "url": f"{base}/hooks/"},
+            )
         if config.metrics.enabled:
             engine.metrics_url = f"{base}/metrics"
             log.info(
@@ -547,7 +580,7 @@ async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool)
             ProcessSampler(),
             interval=config.load.sample_interval,
             connections=lambda: db_usage(db),
-            on_snapshot=metrics.set_worker_load,
+            on_snapshot=metrics.set_load,
         )
         await nursery.start(supervise, "load_sampler", lambda: sampler.run, health)
 
@@ -601,6 +634,7 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
         metrics=engine.metrics,
         args_filter=args_filter,
         models=served,
+        on_state=engine.health.mark,
     ).run
 
 
@@ -619,5 +653,6 @@ async def _gauges(
         metrics.set_queue_depth(await queue.counts())
         metrics.set_leader(queue.elector is not None and queue.elector.is_leader)
         metrics.set_generations(len(queue.generations))
-        metrics.set_admissions_waiting(int(await engine.db.tasks.fetchval(_WAITING_COUNT) or 0))
+        waiting = await engine.db.tasks.fetch(_WAITING_BY_MODEL)
+        metrics.set_admissions_waiting({row["model"]: row["waiting"] for row in waiting})
         await trio.sleep(_GAUGES_INTERVAL)

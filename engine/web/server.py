@@ -19,7 +19,7 @@ from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from engine.errors import AddressInUse
+from engine.errors import AddressInUse, ConfigError
 
 __all__ = ["WebServer"]
 
@@ -47,9 +47,18 @@ class WebServer:
         self.bound_port: int | None = None
 
     async def _listen(self) -> socket.socket:
-        infos = await trio.socket.getaddrinfo(
-            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        try:
+            infos = await trio.socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except socket.gaierror as exc:
+            raise ConfigError(
+                [
+                    f"metrics.host: {self.host!r} is not an address of this machine "
+                    f"({exc.strerror}); set metrics.host (ENGINE_METRICS_HOST, or --set "
+                    "metrics.host=ADDRESS) to 127.0.0.1, 0.0.0.0 or one of its addresses"
+                ]
+            ) from None
         family, kind, proto, _, address = infos[0]
         sock = socket.socket(family, kind, proto)
         try:
@@ -59,6 +68,14 @@ class WebServer:
             sock.setblocking(False)
         except OSError as exc:
             sock.close()
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(
+                    [
+                        f"metrics.host: {self.host} is not an address of this machine; set "
+                        "metrics.host (ENGINE_METRICS_HOST, or --set metrics.host=ADDRESS) to "
+                        "127.0.0.1, 0.0.0.0 or one of its addresses"
+                    ]
+                ) from None
             if exc.errno != errno.EADDRINUSE:
                 raise
             raise AddressInUse(

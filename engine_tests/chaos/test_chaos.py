@@ -65,3 +65,19 @@ async def test_scope_limits_hold_under_contention(pg_admin_url: str, aio_loop: N
     assert reached == limits, f"peaks of running tasks per scope {reached}, limits {limits}"
     for key in ("model_sl_d", "model_sl_e", "group_g_3"):
         assert 0 < figures[f"rate_window_max_{key}"] <= figures[f"rate_allowed_per_window_{key}"]
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+async def test_a_killed_worker_at_the_production_intervals(
+    pg_admin_url: str, aio_loop: None
+) -> None:
+    """The production pass of ``bench chaos`` for the kill: 60 s leases, stale after 45 s. The
+    dead worker's tasks move within the stale window plus a scan interval, none lost or twice."""
+    scenario = next(s for s in CHAOS_SCENARIOS if s.name == "sigkill_worker")
+    figures = await run_chaos_scenario(pg_admin_url, scenario, quick=True, production=True)
+    targets = scenario_targets(scenario, production=True)
+    missed = {k: figures[k] for k, met in check_targets(figures, targets).items() if not met}
+    assert not missed, f"missed {missed}; all figures: {figures}"
+    # It did wait for the stale window: the short intervals would have moved them in seconds.
+    assert figures["recovery_seconds"] > 10, figures

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,29 +17,18 @@ from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import make_config, request
 
 
-@pytest.fixture
-def data_dir() -> Iterator[Path]:
-    """A data directory the server's own user can reach (when we run as root)."""
-    path = Path(tempfile.mkdtemp(prefix="engine-watch-"))
-    path.chmod(0o755)
-    try:
-        yield path / "pg"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.slow
 async def test_a_killed_embedded_server_is_started_again_and_the_engine_goes_on(
-    data_dir: Path, caplog: pytest.LogCaptureFixture
+    private_data_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="engine.db.watch")
     config = make_config(
-        data_dir=str(data_dir),
+        data_dir=str(private_data_dir),
         **{"database.migrate_on_start": "true", "database.embedded_check_interval": "0.2"},
     )
     async with open_engine(config) as eng:
         await eng.set_model("sim-model")
-        pid = (await trio.to_thread.run_sync(embedded.status, data_dir)).pid
+        pid = (await trio.to_thread.run_sync(embedded.status, private_data_dir)).pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)  # the postmaster: no clean shutdown, as a crash
         with trio.fail_after(30):

@@ -239,7 +239,39 @@ async def test_metrics_endpoint_reports_a_run(db_url: str) -> None:
                 text := await _scrape(eng.metrics_url)
             ):
                 await trio.sleep(0.01)
-    assert 'engine_async_worker_capacity{kind="current"} 3.0' in text
-    assert 'engine_async_worker_resize_total{outcome="success"}' in text
+    assert "engine_capacity_allocated_slots 3.0" in text
+    assert 'engine_capacity_resizes_total{outcome="success"}' in text
     assert "engine_job_completions_total" in text
-    assert 'engine_worker_pressure_state{state="normal"} 1.0' in text
+    assert 'engine_load_pressure_state{state="normal"} 1.0' in text
+
+
+async def test_admissions_waiting_are_reported_per_model(db_url: str) -> None:
+    provider = GatedProvider()
+    provider.prepare_gate = trio.Event()
+    # A fixed capacity above the model's limit claims all three jobs, so two must wait for
+    # the model's slot in admission (with capacity from the limit they would wait as jobs).
+    overrides = {
+        "metrics.enabled": "true",
+        "metrics.port": "0",
+        "worker.capacity": "fixed",
+        "worker.instance_hard_limit": "4",
+    }
+    async with service(db_url, provider, **overrides) as (eng, _):
+        assert eng.metrics_url is not None
+        await eng.set_model("sim-model", concurrency_limit=1)
+        ids = await eng.submit([request() for _ in range(3)])
+        # One task holds the model's only slot in prepare; the other two wait for it.
+        with trio.fail_after(20):
+            while 'engine_admissions_waiting{model="sim-model"} 2.0' not in await _scrape(
+                eng.metrics_url
+            ):
+                await trio.sleep(0.1)
+        provider.prepare_gate.set()
+        for task_id in ids:
+            assert (await eng.wait(task_id, timeout=20)).status is TaskStatus.SUCCEEDED
+        # Once admitted, the model reads 0 rather than its last value.
+        with trio.fail_after(20):
+            while 'engine_admissions_waiting{model="sim-model"} 0.0' not in await _scrape(
+                eng.metrics_url
+            ):
+                await trio.sleep(0.1)

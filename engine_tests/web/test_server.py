@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from engine.errors import AddressInUse
+from engine.errors import AddressInUse, ConfigError
 from engine.metrics import CONTENT_TYPE, Metrics
 from engine.web.app import make_app
 from engine.web.server import WebServer
@@ -51,7 +51,7 @@ async def test_metrics_through_prometheus_exposition(
     assert reply.status == 200
     assert reply.headers["content-type"] == CONTENT_TYPE
     assert _steady(reply.body) == _steady(metrics.render())
-    assert 'engine_async_worker_resize_total{outcome="success"} 1.0' in reply.text
+    assert 'engine_capacity_resizes_total{outcome="success"} 1.0' in reply.text
 
 
 async def test_metrics_head_gzip_openmetrics_and_name_filter(
@@ -105,3 +105,10 @@ async def test_port_in_use_names_the_setting() -> None:
         with pytest.raises(AddressInUse, match=r"metrics\.port"):
             await second.run()
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("host", ["no.such.host.invalid", "192.0.2.1"])
+async def test_a_host_that_is_not_this_machines_is_a_config_error(host: str) -> None:
+    server = WebServer(make_app(metrics=None, ready=lambda: True), host=host, port=0)
+    with pytest.raises(ConfigError, match=r"metrics\.host: .* is not an address of this machine"):
+        await server.run()

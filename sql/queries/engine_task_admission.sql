@@ -196,9 +196,14 @@ gone_leases AS (
 SELECT (SELECT count(*) FROM gone_admissions) AS admissions,
        (SELECT count(*) FROM gone_leases) AS leases;
 
--- name: admission_count_waiting
--- Admissions waiting now.
-SELECT count(*) FROM engine_task_admission WHERE status = 'waiting';
+-- name: admission_count_waiting_by_model
+-- Admissions waiting now, per model (the engine_admissions_waiting gauge): the waiting ones by
+-- their partial index, each task's model by its primary key.
+SELECT t.model, count(*)::bigint AS waiting
+FROM engine_task_admission a
+JOIN engine_task t ON t.id = a.task_id
+WHERE a.status = 'waiting'
+GROUP BY t.model;
 
 -- name: scope_usage_all
 -- Slots in use and admissions waiting per scope ('model:<name>', 'group:<key>'), for the
