@@ -275,6 +275,13 @@ def _add_demo(commands: Subparsers) -> None:
     parser.add_argument(
         "--count", type=positive_int, default=50, metavar="N", help="tasks to submit (default 50)"
     )
+    parser.add_argument(
+        "--upstream",
+        choices=("simulation", "http"),
+        default="simulation",
+        help="where the tasks run: the simulation (default), or a fake HTTP upstream served on "
+        "loopback, through the HTTP provider kit (model demo-http)",
+    )
     parser.set_defaults(cli_run=lazy("engine.cli.demo", "run_demo"))
 
 

@@ -1,11 +1,19 @@
 """``python -m engine demo``: the service and a batch of demo tasks in one process, for a first
-look (the service starts, submits, shows the tasks' progress until they are final, stops)."""
+look (the service starts, submits, shows the tasks' progress until they are final, stops).
+
+``--upstream http`` runs them against a real HTTP upstream instead of the simulation: a fake
+generation API (:mod:`engine.providers.http.fake`) served on loopback by the same process, and
+the model ``demo-http`` described to the HTTP provider kit as ``[[http_models]]`` would (an
+idempotency key, polls every half second; each job takes 2 s and 5 % of them fail upstream)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
+import attrs
 import trio
 
 from engine.cli.catalogue import DEMO_MODELS
@@ -13,7 +21,13 @@ from engine.cli.submit import Progress, ProgressDisplay, TaskIds, follow_tasks
 from engine.config import EngineConfig
 from engine.tasks.models import Identity, RunMode, TaskRequest
 
-__all__ = ["run_demo"]
+__all__ = ["HTTP_MODEL", "run_demo"]
+
+
+#: The model ``--upstream http`` serves, and how its fake upstream behaves.
+HTTP_MODEL = "demo-http"
+_HTTP_JOB_SECONDS = 2.0
+_HTTP_FAILURE_RATE = 0.05
 
 
 def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
@@ -21,24 +35,29 @@ def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
     from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK, _Shutdown, _until_signal, start_service
 
     async def demo(shutdown: _Shutdown) -> None:
-        async with trio.open_nursery() as nursery:
-            eng = await start_service(config, nursery, shutdown)
+        async with AsyncExitStack() as stack:
+            service_config, model, mode = config, args.model, RunMode.SIMULATION
+            if args.upstream == "http":
+                service_config, model = await stack.enter_async_context(_http_upstream(config))
+                mode = RunMode.LIVE
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            eng = await start_service(service_config, nursery, shutdown)
             if not await eng.db.coordination.fetchval(
-                "SELECT enabled FROM engine_model WHERE name = $1", args.model
+                "SELECT enabled FROM engine_model WHERE name = $1", model
             ):
-                await eng.set_model(args.model, concurrency_limit=DEMO_MODELS.get(args.model))
+                await eng.set_model(model, concurrency_limit=DEMO_MODELS.get(model))
             requests = [
                 TaskRequest(
-                    model=args.model,
+                    model=model,
                     payload={"prompt": f"demo {n}"},
                     identity=Identity(tenant_id="demo", user_id="demo"),
-                    run_mode=RunMode.SIMULATION,
+                    run_mode=mode,
                 )
                 for n in range(args.count)
             ]
             started = trio.current_time()
             ids = TaskIds(await eng.submit(requests))
-            print(f"engine demo: submitted {len(ids)} tasks to {args.model}", flush=True)
+            print(f"engine demo: submitted {len(ids)} tasks to {model}", flush=True)
             display = ProgressDisplay(sys.stdout)
             progress = Progress(total=len(ids))
             await follow_tasks(eng, ids, progress, display, started=started)
@@ -48,3 +67,17 @@ def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
     if trio.run(_until_signal, demo) is not None:
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+@asynccontextmanager
+async def _http_upstream(config: EngineConfig) -> AsyncIterator[tuple[EngineConfig, str]]:
+    """Serve the fake upstream for the block; the configuration that also serves
+    :data:`HTTP_MODEL` from it, and that model's name."""
+    from engine.providers.http.fake import Dials, FakeUpstream, fake_http_model, serve_upstream
+
+    dials = Dials(job_seconds=_HTTP_JOB_SECONDS, failure_rate=_HTTP_FAILURE_RATE)
+    async with serve_upstream(FakeUpstream(dials, seed=1)) as url:
+        print(f"engine demo: a fake upstream at {url}", flush=True)
+        described = fake_http_model(url, HTTP_MODEL, idempotent=True, poll_interval=0.5)
+        others = tuple(m for m in config.http_models if m.model != HTTP_MODEL)
+        yield attrs.evolve(config, http_models=(*others, described)), HTTP_MODEL
