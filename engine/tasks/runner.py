@@ -850,6 +850,13 @@ class TaskRunner:
                         raise AmbiguousSubmission("the upstream call was cut short")
                     return ref
                 except NotSubmitted as refused:
+                    # Nothing reached the upstream: say so, so that a requeue or a recovery
+                    # before the next call does not take the task for an ambiguous one.
+                    if not await self._durably(
+                        "unmark_submitting",
+                        lambda: self.store.unmark_submitting(task.id, token),
+                    ):
+                        raise LeaseUnavailable() from refused
                     refusals += 1
                     busy = isinstance(refused, UpstreamBusy)
                     delay = refused.retry_after

@@ -35,6 +35,7 @@ _GET_MANY = QUERIES["task_get_many"]
 _CLAIM = QUERIES["task_lease_claim_many"]
 _RENEW = QUERIES["task_lease_renew_many"]
 _SUBMITTING = QUERIES["task_mark_submitting_many"]
+_UNSUBMITTING = QUERIES["task_unmark_submitting_many"]
 _UPSTREAM = QUERIES["task_record_upstream_many"]
 _PHASE = QUERIES["task_set_phase_many"]
 _FINISH = QUERIES["task_finish_many"]
@@ -116,6 +117,7 @@ class TaskStore:
         self._get = Batcher(self._get_many)
         self._claim = Batcher(self._claim_many)
         self._submitting = Batcher(self._submitting_many)
+        self._unsubmitting = Batcher(self._unsubmitting_many)
         self._upstream = Batcher(self._upstream_many)
         self._finish = Batcher(self._finish_many)
         self._requeue = Batcher(self._requeue_many)
@@ -203,6 +205,16 @@ class TaskStore:
         )
         held = {r["id"] for r in rows}
         return [i[0] in held for i in items]
+
+    async def unmark_submitting(self, task_id: uuid.UUID, token: uuid.UUID) -> bool:
+        """Clear ``submitted_at``: the call never reached the upstream (``NotSubmitted``); False
+        if the lease is gone."""
+        return await self._unsubmitting.submit((task_id, token))
+
+    async def _unsubmitting_many(self, items: list[tuple[uuid.UUID, uuid.UUID]]) -> list[bool]:
+        rows = await self.pool.fetch(_UNSUBMITTING, [i for i, _ in items], [t for _, t in items])
+        held = {r["id"] for r in rows}
+        return [i in held for i, _ in items]
 
     async def record_upstream(self, task_id: uuid.UUID, token: uuid.UUID, ref: str) -> bool:
         """Record the upstream reference; False if the lease is gone."""

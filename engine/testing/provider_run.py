@@ -128,6 +128,14 @@ class _MemoryStore(TaskStore):
         )
         return True
 
+    async def unmark_submitting(self, task_id: uuid.UUID, token: uuid.UUID) -> bool:
+        await trio.lowlevel.checkpoint()
+        if not self._holds(task_id, token) or self.task.status is not TaskStatus.RUNNING:
+            return False
+        if self.task.upstream_ref is None:
+            self._update(submitted_at=None, submitted_idempotently=False)
+        return True
+
     async def record_upstream(self, task_id: uuid.UUID, token: uuid.UUID, ref: str) -> bool:
         await trio.lowlevel.checkpoint()
         if not self._holds(task_id, token) or self.task.status is not TaskStatus.RUNNING:

@@ -14,10 +14,11 @@ import trio.testing
 from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
+from engine.db.sqlfiles import QUERIES
 from engine.errors import ConnectionLost, DatabaseError
 from engine.load.controller import LoadController
 from engine.load.retry_delay import worker_load_retry_delay
-from engine.providers.base import PollResult
+from engine.providers.base import NotSubmitted, PollResult
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.job import Job, JobSnooze
 from engine.service.engine import Engine
@@ -568,3 +569,36 @@ async def test_a_database_outage_after_the_upstream_answered_loses_nothing(
     assert task.status is TaskStatus.SUCCEEDED, (task.status, task.error)
     assert provider.submissions[task_id] == 1
     assert "task.requeued" not in events and "task.manual_review" not in events
+
+
+async def test_a_submission_that_never_left_is_not_left_recorded(idle: Engine) -> None:
+    """``NotSubmitted``: the call never reached the upstream, so ``submitted_at`` is cleared
+    while the run waits to try again; a requeue or a recovery meanwhile sees nothing ambiguous
+    (a queued task, not manual review)."""
+    refused = trio.Event()
+    provider = sim(idle)
+    original = provider.submit
+
+    async def submit(task: Task, prepared: Any) -> str:
+        if not refused.is_set():
+            refused.set()
+            raise NotSubmitted("connection refused", retry_after=30.0)
+        return await original(task, prepared)
+
+    provider.submit = submit  # type: ignore[method-assign]
+    task_id = await idle.submit(request())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(work, idle, task_id)
+        with trio.fail_after(10):
+            await refused.wait()
+            while (await status(idle, task_id)).submitted_at is not None:
+                await trio.sleep(0.01)
+        task = await status(idle, task_id)
+        assert task.status is TaskStatus.RUNNING and task.upstream_ref is None
+        # Its owner dies while it waits: recovery requeues it, no human needed.
+        moved = await idle.db.tasks.fetch(
+            QUERIES["task_recover_interrupted_many"], [task.execution_owner], 10, "rescuer"
+        )
+        assert [(r["id"], r["status"]) for r in moved] == [(task_id, "queued")]
+        nursery.cancel_scope.cancel()
+    assert provider.submissions == {}

@@ -18,6 +18,7 @@ _BATCHED: dict[str, tuple[object, ...]] = {
     "task_lease_claim_many": ("owner", 30.0),
     "task_lease_renew_many": (30.0,),
     "task_mark_submitting_many": ("idempotently",),
+    "task_unmark_submitting_many": (),
     "task_record_upstream_many": ("refs",),
     "task_set_phase_many": ("phases", "progress"),
     "task_finish_many": ("statuses", "results", "errors"),

@@ -191,6 +191,21 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
   AND t.execution_token = i.token AND t.status = 'running'
 RETURNING t.id;
 
+-- name: task_unmark_submitting_many
+-- Clear submitted_at after an upstream call that certainly did not reach the upstream (the
+-- provider said NotSubmitted): a requeue or a recovery before the next call then puts the task
+-- back in the queue instead of manual review. $1 id[], $2 token[]. Returns the ids still held.
+-- Locks its rows in id order first (see the top of this file).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE engine_task t
+SET submitted_at = NULL, submitted_idempotently = false, updated_at = now()
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
+WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+  AND t.execution_token = i.token AND t.status = 'running' AND t.upstream_ref IS NULL
+RETURNING t.id;
+
 -- name: task_record_upstream_many
 -- Record the upstream reference the provider returned; the task's rate tokens are spent for
 -- good now. $1 id[], $2 token[], $3 ref[]. Returns the ids still held.
