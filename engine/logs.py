@@ -27,7 +27,14 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
-__all__ = ["JsonFormatter", "KvFormatter", "LogFormat", "configure_logging", "record_fields"]
+__all__ = [
+    "JsonFormatter",
+    "KvFormatter",
+    "LogFormat",
+    "OneLineReconnects",
+    "configure_logging",
+    "record_fields",
+]
 
 LogFormat = Literal["kv", "json"]
 
@@ -108,6 +115,22 @@ class _EngineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marks the handler :func:`configure_logging` installed, so a second call replaces it."""
 
 
+class OneLineReconnects(logging.Filter):
+    """asyncpg's pool logs each failed attempt to reopen a connection with a whole traceback
+    (``Failed to restore the pool connection floor``): while the server restarts that is a
+    screenful a second for an error that is one line. The record keeps its level and message;
+    the traceback becomes ``error=<type>: <message>``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Shorten the record (never drops one)."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.name.startswith("asyncpg") and isinstance(exc, OSError):
+            record.exc_info = None
+            record.exc_text = None
+            record.error = f"{type(exc).__name__}: {exc}"
+        return True
+
+
 def configure_logging(
     format: LogFormat = "kv",  # the name of the setting logging.format
     level: str | int = "INFO",
@@ -136,6 +159,7 @@ def configure_logging(
         level = number
     handler = _EngineHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatters[format]())
+    handler.addFilter(OneLineReconnects())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _EngineHandler)]:
         root.removeHandler(old)
