@@ -141,10 +141,10 @@ from engine.cli.render import (
 )
 from engine.config import EngineConfig
 from engine.db.bridge import Record, asyncio_loop
-from engine.db.database import DatabaseUrls, open_database
+from engine.db.database import DatabaseUrls
 from engine.db.dsn import redact
 from engine.db.migrate import pending_migrations
-from engine.db.resolve import open_urls
+from engine.db.resolve import open_configured, open_urls
 from engine.db.sqlfiles import QUERIES
 from engine.errors import EngineError, MigrationError, TaskError, TaskNotFound
 from engine.queue.job import Job
@@ -206,19 +206,8 @@ async def check_schema(config: EngineConfig, urls: DatabaseUrls) -> None:
             and ``python -m engine migrate``.
         DatabaseError: the database cannot be reached.
     """
-    dbc = config.database
-    async with open_database(
-        urls,
-        min_size=1,
-        max_size=1,
-        statement_cache_size=dbc.statement_cache_size,
-        lock_timeout=dbc.lock_timeout,
-        command_timeout=dbc.command_timeout,
-        attempts=dbc.connect_attempts,
-        retry_delay=dbc.connect_retry_delay,
-        application_name="engine-cli",
-        pooler=dbc.pooler,
-        listen_url=dbc.listen_url,
+    async with open_configured(
+        config, urls, min_size=1, max_size=1, application_name="engine-cli"
     ) as db:
         for pool in db.distinct_pools():
             async with pool.acquire() as conn:

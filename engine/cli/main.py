@@ -391,29 +391,17 @@ def _cmd_migrate(config: EngineConfig) -> int:
     import trio
 
     from engine.db.bridge import asyncio_loop
-    from engine.db.database import open_database
     from engine.db.migrate import MigrationReport
-    from engine.db.resolve import migrate_databases, open_urls
+    from engine.db.resolve import migrate_databases, open_configured, open_urls
 
     reports: list[tuple[str, MigrationReport]] = []
 
     async def run_migrations(_shutdown: _Shutdown) -> None:
-        db_config = config.database
         async with (
             asyncio_loop(),
             open_urls(config) as urls,
-            open_database(
-                urls,
-                min_size=1,
-                max_size=1,
-                statement_cache_size=db_config.statement_cache_size,
-                lock_timeout=db_config.lock_timeout,
-                command_timeout=db_config.command_timeout,
-                pooler=db_config.pooler,
-                listen_url=db_config.listen_url,
-                attempts=db_config.connect_attempts,
-                retry_delay=db_config.connect_retry_delay,
-                application_name="engine-migrate",
+            open_configured(
+                config, urls, min_size=1, max_size=1, application_name="engine-migrate"
             ) as db,
         ):
             reports.extend(await migrate_databases(db, river_indexes=config.queue.river_indexes))

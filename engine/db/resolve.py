@@ -33,7 +33,7 @@ import trio
 from engine.config import EngineConfig
 from engine.db import embedded
 from engine.db.bridge import asyncio_loop, connect
-from engine.db.database import Database, DatabaseUrls
+from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact, replace_database
 from engine.db.migrate import MigrationReport, migrate
 from engine.errors import ConfigError, DatabaseError, DataDirError, UniqueViolation
@@ -257,6 +257,32 @@ async def open_urls(
         # bounded here: pg_ctl stop has its own timeout inside embedded.
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(server.release)
+
+
+def open_configured(
+    config: EngineConfig,
+    urls: DatabaseUrls,
+    *,
+    min_size: int | None = None,
+    max_size: int | None = None,
+    application_name: str = "engine",
+) -> contextlib.AbstractAsyncContextManager[Database]:
+    """:func:`~engine.db.database.open_database` of ``urls`` with every setting of the
+    ``database`` section (pool sizes from it unless given)."""
+    dbc = config.database
+    return open_database(
+        urls,
+        min_size=dbc.pool_min_size if min_size is None else min_size,
+        max_size=dbc.pool_max_size if max_size is None else max_size,
+        statement_cache_size=dbc.statement_cache_size,
+        lock_timeout=dbc.lock_timeout,
+        command_timeout=dbc.command_timeout,
+        attempts=dbc.connect_attempts,
+        retry_delay=dbc.connect_retry_delay,
+        pooler=dbc.pooler,
+        listen_url=dbc.listen_url,
+        application_name=application_name,
+    )
 
 
 async def migrate_databases(

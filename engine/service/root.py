@@ -62,10 +62,16 @@ from engine.capacity.room import ShutdownPolicy
 from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
-from engine.db.database import Database, DatabaseUrls, open_database
+from engine.db.database import Database, DatabaseUrls
 from engine.db.dsn import redact
 from engine.db.probe import probe_database
-from engine.db.resolve import embedded_data_dir, external_urls, migrate_databases, open_urls
+from engine.db.resolve import (
+    embedded_data_dir,
+    external_urls,
+    migrate_databases,
+    open_configured,
+    open_urls,
+)
 from engine.db.sqlfiles import QUERIES
 from engine.db.watch import watch_embedded
 from engine.errors import ConfigError, leaves
@@ -275,18 +281,7 @@ async def _serve_once(
         if urls is None:
             urls = await stack.enter_async_context(open_urls(config))
         db = await stack.enter_async_context(
-            open_database(
-                urls,
-                min_size=dbc.pool_min_size,
-                max_size=dbc.pool_max_size,
-                statement_cache_size=dbc.statement_cache_size,
-                lock_timeout=dbc.lock_timeout,
-                command_timeout=dbc.command_timeout,
-                attempts=dbc.connect_attempts,
-                retry_delay=dbc.connect_retry_delay,
-                pooler=dbc.pooler,
-                listen_url=dbc.listen_url,
-            )
+            open_configured(config, urls)
         )
         if dbc.migrate_on_start:
             await migrate_databases(db, river_indexes=config.queue.river_indexes)
