@@ -54,6 +54,10 @@ _LATENCIES = (
     " extract(epoch FROM created_at) AS created, extract(epoch FROM finished_at) AS finished"
     " FROM engine_task WHERE model = $1 AND finished_at IS NOT NULL"
 )
+_OUTCOMES = (
+    "SELECT status, error->>'code' AS code, count(*) AS n FROM engine_task WHERE model = $1"
+    " GROUP BY 1, 2"
+)
 #: Upstream latency, the polling mode's poll interval, the webhook mode's fallback poll.
 UPSTREAM_SECONDS = 1.0
 POLL_INTERVAL = 2.0
@@ -102,6 +106,7 @@ async def _run_mode(url: str, count: int, *, webhook: bool) -> dict[str, float]:
                     break
                 await trio.sleep(0.1)
             rows = await eng.db.tasks.fetch(_LATENCIES, MODEL)
+            outcomes = await eng.db.tasks.fetch(_OUTCOMES, MODEL)
     latencies = [float(r["e2e"]) for r in rows]
     span = max(float(r["finished"]) for r in rows) - min(float(r["created"]) for r in rows)
     mode = "webhook" if webhook else "polling"
@@ -111,6 +116,12 @@ async def _run_mode(url: str, count: int, *, webhook: bool) -> dict[str, float]:
         f"{mode}_p99_s": round(percentile(latencies, 99), 3),
         f"{mode}_polls": fake.polls,
         f"{mode}_not_succeeded": count - counts.get("succeeded", 0),
+        # Why, when some did not: one figure per status and error code.
+        **{
+            f"{mode}_{r['status']}_{r['code'] or 'none'}": float(r["n"])
+            for r in outcomes
+            if r["status"] != "succeeded"
+        },
     }
 
 

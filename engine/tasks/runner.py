@@ -136,6 +136,49 @@ class _ProviderCrash(Exception):
         }
 
 
+async def _answer_despite_a_stop(
+    call: Callable[[], Awaitable[_T]], grace: float
+) -> tuple[_T | None, bool]:
+    """Await ``call()`` shielded from a stop (a cancellation from outside): once one arrives,
+    the call gets ``grace`` more seconds to answer. Returns (its result, False), or (None,
+    True) when the stop cut it off. Without a stop the call takes as long as it takes (its
+    own timeouts bound it): a slow answer is not a stop.
+
+    The stop's cancellation is level-triggered: a caller that goes on after a result (to record
+    it) meets it again at its next unshielded checkpoint."""
+    shield = trio.CancelScope(shield=True)
+    result: list[_T] = []
+    error: list[Exception] = []
+
+    async def watch() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:  # the stop, or the call's end (then nothing waits on the shield any more)
+            shield.deadline = min(shield.deadline, trio.current_time() + grace)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            with shield:
+                try:
+                    result.append(await call())
+                except Exception as exc:  # raised below, as itself rather than in a group
+                    error.append(exc)
+            nursery.cancel_scope.cancel()
+    except BaseException as exc:
+        only_cancelled = isinstance(exc, trio.Cancelled) or (
+            isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
+        )
+        if not only_cancelled:
+            raise
+        # Only the stop's cancellation, seen by the watcher: the call's outcome comes first.
+    if error:
+        raise error[0]
+    if result:
+        return result[0], False
+    return None, shield.cancelled_caught
+
+
 async def _provider_call(phase: str, call: Callable[..., Awaitable[_T]], *args: Any) -> _T:
     """Await ``call(*args)``, a provider method, naming ``phase`` on an exception of its own."""
     try:
@@ -833,12 +876,16 @@ class TaskRunner:
                     # A stop that arrives mid-call waits for the answer (bounded): cut off
                     # here, the submission would be ambiguous and the task would need a human.
                     # A user's cancel still interrupts it (the execution's own scope).
-                    ref: str | None = None
-                    with trio.CancelScope(shield=True) as grace:
-                        grace.deadline = trio.current_time() + self.submit_grace
+                    async def call() -> str | None:
+                        answer: str | None = None  # stays None if the user's cancel cut it
                         with execution.cancel_guard():
-                            ref = await _provider_call("submit", provider.submit, task, prepared)
-                    if grace.cancelled_caught:
+                            answer = await _provider_call(
+                                "submit", provider.submit, task, prepared
+                            )
+                        return answer
+
+                    ref, cut_off = await _answer_despite_a_stop(call, self.submit_grace)
+                    if cut_off:
                         stopping = True
                         raise AmbiguousSubmission(
                             f"no answer from the upstream within {self.submit_grace} s of a stop"

@@ -602,3 +602,55 @@ async def test_a_submission_that_never_left_is_not_left_recorded(idle: Engine) -
         assert [(r["id"], r["status"]) for r in moved] == [(task_id, "queued")]
         nursery.cancel_scope.cancel()
     assert provider.submissions == {}
+
+
+async def test_a_slow_submit_without_a_stop_is_waited_for(idle: Engine) -> None:
+    """The stop grace bounds the wait for an answer only once a stop came: a submit slower than
+    the grace, with no stop, is an answer like any other."""
+    idle.runner.submit_grace = 0.2
+    provider = sim(idle)
+    provider.submit_gate = trio.Event()
+    task_id = await idle.submit(request())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(work, idle, task_id)
+        with trio.fail_after(10):
+            await provider.in_submit.wait()
+        await trio.sleep(0.5)  # well past the grace: the slow upstream, not a stop
+        provider.submit_gate.set()
+    task = await status(idle, task_id)
+    assert task.status is TaskStatus.SUCCEEDED, task.error
+    assert provider.submissions == {task_id: 1}
+
+
+@pytest.mark.parametrize("answers", [True, False])
+async def test_a_stop_mid_submit_waits_the_grace_for_the_answer(
+    idle: Engine, answers: bool
+) -> None:
+    """A stop while the upstream call is in flight: an answer within the grace is kept (the
+    task has its reference, never a human's decision); none within it leaves the submission
+    ambiguous (manual review)."""
+    idle.runner.submit_grace = 0.5
+    provider = sim(idle)
+    provider.submit_gate = trio.Event()
+    task_id = await idle.submit(request())
+    async with trio.open_nursery() as nursery:
+        stop = trio.CancelScope()
+
+        async def run() -> None:
+            with stop:
+                await work(idle, task_id)
+
+        nursery.start_soon(run)
+        with trio.fail_after(10):
+            await provider.in_submit.wait()
+        stop.cancel()  # the stop: the generation is cancelled
+        if answers:
+            await trio.sleep(0.1)
+            provider.submit_gate.set()
+    task = await status(idle, task_id)
+    if answers:
+        assert task.status is not TaskStatus.MANUAL_REVIEW and task.upstream_ref is not None, task
+    else:
+        assert task.status is TaskStatus.MANUAL_REVIEW
+        assert "of a stop" in task.error["message"]
+    provider.submit_gate.set()
