@@ -834,26 +834,37 @@ async def _wait_allocated(run: ChaosRun) -> None:
 # The faults
 
 
-async def _sigkill_worker(run: ChaosRun) -> FaultReport:
-    """SIGKILL the live worker with the most running tasks (waiting up to 10 s for one)."""
+async def kill_busiest(
+    run: ChaosRun, *, counting: str = "", poll: float = 0.05
+) -> tuple[WorkerProcess, int, datetime]:
+    """SIGKILL the live worker running the most tasks (those matching the SQL condition
+    ``counting`` too, if given), waiting up to 10 s for one; the victim, how many such tasks it
+    ran, and when it was killed."""
     alive = {w.instance_id: w for w in run.alive()}
     with trio.fail_after(10):
         while True:
             rows = await run.monitor.fetch(
                 "SELECT execution_owner, count(*) AS n FROM engine_task"
                 " WHERE status = 'running' AND execution_owner = ANY($1::text[])"
+                f"{' AND ' + counting if counting else ''}"
                 " GROUP BY execution_owner ORDER BY n DESC LIMIT 1",
                 list(alive),
             )
             if rows:
                 break
-            await trio.sleep(0.05)
+            await trio.sleep(poll)
     victim = alive[rows[0]["execution_owner"]]
     at = _now()
     victim.proc.send_signal(signal.SIGKILL)
     victim.killed = True
     await victim.proc.wait()
-    return FaultReport(at, {"victim_running_tasks": float(rows[0]["n"])})
+    return victim, int(rows[0]["n"]), at
+
+
+async def _sigkill_worker(run: ChaosRun) -> FaultReport:
+    """SIGKILL the live worker with the most running tasks (waiting up to 10 s for one)."""
+    _, running, at = await kill_busiest(run)
+    return FaultReport(at, {"victim_running_tasks": float(running)})
 
 
 async def _postgres_restart(run: ChaosRun) -> FaultReport:

@@ -27,15 +27,11 @@ from __future__ import annotations
 
 import collections
 import json
-import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import trio
 
 from engine.providers.http.fake import Dials, FakeUpstream, serve_upstream
 from engine.tasks.models import Identity, RunMode, TaskRequest
@@ -123,26 +119,11 @@ def upstream_requests(model: str) -> Callable[[int], list[TaskRequest]]:
 async def kill_mid_submission(run: ChaosRun) -> FaultReport:
     """SIGKILL the live worker with the most submissions in flight (waiting up to 10 s for
     one), then count what it left: submissions started with no reference recorded."""
-    from engine.bench.chaos import FaultReport
+    from engine.bench.chaos import FaultReport, kill_busiest
 
-    alive = {w.instance_id: w for w in run.alive()}
-    with trio.fail_after(10):
-        while True:
-            rows = await run.monitor.fetch(
-                "SELECT execution_owner, count(*) AS n FROM engine_task"
-                " WHERE status = 'running' AND submitted_at IS NOT NULL"
-                " AND upstream_ref IS NULL AND execution_owner = ANY($1::text[])"
-                " GROUP BY execution_owner ORDER BY n DESC LIMIT 1",
-                list(alive),
-            )
-            if rows:
-                break
-            await trio.sleep(0.02)
-    victim = alive[rows[0]["execution_owner"]]
-    at = datetime.now(UTC)
-    victim.proc.send_signal(signal.SIGKILL)
-    victim.killed = True
-    await victim.proc.wait()
+    victim, _, at = await kill_busiest(
+        run, counting="submitted_at IS NOT NULL AND upstream_ref IS NULL", poll=0.02
+    )
     # The victim's rows are as it left them until recovery (seconds away) moves them.
     in_flight = await run.monitor.fetchval(
         "SELECT count(*) FROM engine_task WHERE status = 'running' AND execution_owner = $1"

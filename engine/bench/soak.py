@@ -66,6 +66,7 @@ from engine.bench.chaos import (
     _spawn_worker,
     _stop_workers,
     _submit,
+    _wait_final,
     bench_databases,
     production_settings,
     submitted_twice,
@@ -283,25 +284,12 @@ async def run_soak_bench(
                 async with trio.open_nursery() as load:
                     load.start_soon(soak.arrivals, until)
                     load.start_soon(soak.faults_loop, until)
-                await _wait_final(run, bound + 60.0)
+                await _wait_final(run, trio.current_time() + bound + 60.0)
                 sampling.cancel_scope.cancel()
             figures = await _figures(soak)
             await _stop_workers(run)
             proxies.cancel_scope.cancel()
     return figures
-
-
-async def _wait_final(run: ChaosRun, patience: float) -> None:
-    with trio.move_on_after(patience):
-        while True:
-            open_tasks = await run.monitor.fetchval(
-                "SELECT count(*) FROM engine_task WHERE id = ANY($1::uuid[])"
-                " AND status NOT IN ('succeeded', 'failed', 'cancelled', 'manual_review')",
-                run.submitted,
-            )
-            if not open_tasks:
-                return
-            await trio.sleep(1.0)
 
 
 async def _figures(soak: _Soak) -> dict[str, float]:

@@ -63,9 +63,9 @@ Commands and their ``--json`` documents:
     (``cancel_requested``). A task that already finished otherwise is an error (exit 1).
 ``tasks retry ID``
     ``{"task": TASK, "job_id": n}``. A failed, cancelled or manual_review task goes back to
-    ``queued`` as a fresh run with a new job (SQL ``task_retry``); failed and manual_review tasks
-    also lose ``submitted_at`` and ``upstream_ref``, so the upstream call is made again. Any other
-    status is an error (exit 1).
+    ``queued`` as a fresh run with a new job (SQL ``task_requeue_final``); failed and
+    manual_review tasks also lose ``submitted_at`` and ``upstream_ref``, so the upstream call is
+    made again. Any other status is an error (exit 1).
 ``tasks resolve ID (--succeeded [--result JSON] | --failed | --resubmit --may-run-twice)
 --reason TEXT [--actor NAME]``
     ``{"task": TASK}``. Decides a manual_review task (``Engine.resolve``): succeeded with the
@@ -177,7 +177,7 @@ EngineCommand = Callable[[Engine, argparse.Namespace], Awaitable[int]]
 
 _TASK_GET: Final = QUERIES["task_get"]
 _TASK_PAGE: Final = QUERIES["task_page"]
-_TASK_RETRY: Final = QUERIES["task_retry"]
+_TASK_REQUEUE_FINAL: Final = QUERIES["task_requeue_final"]
 _QUEUE_LIST: Final = QUERIES["queue_list"]
 _LEADER_GET: Final = QUERIES["leader_get"]
 _MODEL_GET: Final = QUERIES["model_get"]
@@ -867,8 +867,8 @@ async def _cmd_tasks_cancel(eng: Engine, args: argparse.Namespace) -> int:
 async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
     """Put a failed, cancelled or manual_review task back to queued with a new job.
 
-    One transaction on the tasks database: ``task_retry`` resets the task, its job is inserted
-    with the options :func:`~engine.tasks.submit.submit_tasks` uses, and ``task_set_job``
+    One transaction on the tasks database: ``task_requeue_final`` resets the task, its job is
+    inserted with the options :func:`~engine.tasks.submit.submit_tasks` uses, and ``task_set_job``
     points the task at it. Returns the task as committed and its job id.
 
     Raises:
@@ -878,7 +878,15 @@ async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
     queue = eng.config.queue
     rollback_timeout = eng.config.worker.enqueue_rollback_timeout
     async with eng.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
-        row = await conn.fetchrow(_TASK_RETRY, task_id, eng.instance_id)
+        row = await conn.fetchrow(
+            _TASK_REQUEUE_FINAL,
+            task_id,
+            sorted(status.value for status in _RETRYABLE),
+            "task.retried",
+            "retried by an operator",
+            {},
+            eng.instance_id,
+        )
         if row is None:
             current = await conn.fetchrow(_TASK_GET, task_id)
             if current is None:

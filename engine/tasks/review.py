@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["RESOLVED_FAILED_CODE", "Decision", "ReviewConflict", "resolve_task"]
 
 _RESOLVE: Final = QUERIES["task_resolve"]
-_RESUBMIT: Final = QUERIES["task_resubmit"]
+_REQUEUE_FINAL: Final = QUERIES["task_requeue_final"]
 _GET: Final = QUERIES["task_get"]
 
 #: The ``error.code`` of a task an operator marked failed.
@@ -98,7 +98,15 @@ async def resolve_task(
     async with engine.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
         if decision is Decision.RESUBMIT:
             message = f"resubmitted by {actor}: {reason}"
-            row = await conn.fetchrow(_RESUBMIT, task_id, message, payload, engine.instance_id)
+            row = await conn.fetchrow(
+                _REQUEUE_FINAL,
+                task_id,
+                ["manual_review"],
+                "task.resubmitted",
+                message,
+                payload,
+                engine.instance_id,
+            )
         else:
             error = (
                 {"code": RESOLVED_FAILED_CODE, "message": reason}

@@ -13,11 +13,9 @@ is covered in a pseudo-terminal by engine_tests/cli/test_progress_tty.py).
 from __future__ import annotations
 
 import io
-import os
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,14 +26,13 @@ import trio
 
 from engine.capacity.registry import Registration, register_instance
 from engine.cli.submit import Progress, ProgressDisplay
-from engine.config import EngineConfig, load_config
 from engine.db.bridge import Connection
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
 from engine.tasks.models import TaskStatus
-from engine_tests.cli.conftest import Result
+from engine_tests.cli.conftest import Cli, engine_config
 
 DEADLINE = 30.0
 MODEL = "sim-model"
@@ -52,32 +49,6 @@ SUMMARY = re.compile(r"^(\d+) tasks?: (.+) \((?:interrupted after )?\d+\.\d s\)$
 # Helpers
 
 
-class Cli:
-    """Runs ``python -m engine`` against one database."""
-
-    def __init__(self, db_url: str, data_dir: Path) -> None:
-        self.db_url = db_url
-        # No engine settings or libpq variables from our environment; an unused data dir, so
-        # a child that lost --database-url could never touch a real embedded server.
-        self.env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "PG", "PYTHONPATH"))
-        }
-        self.env["ENGINE_DATA_DIR"] = str(data_dir)
-
-    def cmd(self, *args: str) -> list[str]:
-        return [
-            sys.executable, "-W", "error", "-m", "engine", "--database-url", self.db_url,
-            "--set", "database.migrate_on_start=false", *args,
-        ]  # fmt: skip
-
-    async def __call__(self, *args: str) -> Result:
-        with trio.fail_after(DEADLINE):
-            proc = await trio.run_process(
-                self.cmd(*args), capture_stdout=True, capture_stderr=True, check=False, env=self.env
-            )
-        return Result(proc)
-
-
 @pytest.fixture
 def cli(db_url: str, tmp_path: Path) -> Cli:
     """``await cli("tasks", "list")`` runs the CLI on this test's database."""
@@ -89,19 +60,6 @@ async def model(conn: Connection) -> str:
     """An enabled, unlimited model for submissions."""
     await conn.execute("INSERT INTO engine_model (name) VALUES ($1)", MODEL)
     return MODEL
-
-
-def engine_config() -> EngineConfig:
-    """An executing engine for follow tests: fast polling, no migrations."""
-    return load_config(
-        env={},
-        overrides={
-            "database.migrate_on_start": "false",
-            "queue.fetch_poll_interval": "0.2",
-            "queue.completer_tick": "0.01",
-            "worker.stop_timeout": "2",
-        },
-    )
 
 
 async def submit(cli: Cli, count: int, *extra: str) -> list[str]:

@@ -1,14 +1,16 @@
 -- Table engine_task: operator commands of the CLI (engine tasks retry, engine submit --follow).
 
--- name: task_retry
--- Put a final task (failed, cancelled or manual_review) back to queued as a fresh run: clear
--- its outcome, its cancel request and its execution lease, and make it due now. For failed and
+-- name: task_requeue_final
+-- Put a final task back to queued as a fresh run, if its status is one of $2: clear its
+-- outcome, its cancel request and its execution lease, and make it due now. For failed and
 -- manual_review tasks also clear submitted_at and upstream_ref: the operator decided to submit
 -- upstream again (a manual_review task was ambiguous because of exactly those two fields).
--- Records a task.retried event. $1 id, $2 instance id (of the event). Returns the row, or
--- nothing when the task does not exist or is not in one of those statuses (succeeded, queued
--- and running tasks are left alone).
-WITH retried AS (
+-- Records an event of type $3 with message $4 and payload $5 (who decided and why, for a
+-- resubmission). $6 instance id (of the event). Returns the row, or nothing when the task does
+-- not exist or is not in one of $2. The caller inserts its job (task_set_job).
+-- Used as `tasks retry` ($2 failed, cancelled, manual_review; task.retried) and as a review's
+-- resubmission ($2 manual_review; task.resubmitted).
+WITH requeued AS (
     UPDATE engine_task
     SET status = 'queued',
         phase = NULL,
@@ -24,24 +26,28 @@ WITH retried AS (
         submitted_at = CASE
             WHEN status IN ('failed', 'manual_review') THEN NULL ELSE submitted_at
         END,
+        submitted_idempotently = CASE
+            WHEN status IN ('failed', 'manual_review') THEN false ELSE submitted_idempotently
+        END,
         upstream_ref = CASE
             WHEN status IN ('failed', 'manual_review') THEN NULL ELSE upstream_ref
         END,
         next_run_at = now(),
         updated_at = now()
-    WHERE id = $1 AND status IN ('failed', 'cancelled', 'manual_review')
+    WHERE id = $1 AND status = ANY($2::text[])
+      AND status IN ('failed', 'cancelled', 'manual_review')
     RETURNING *
 ),
 events AS (
-    INSERT INTO engine_task_event (task_id, type, status, progress, message, simulated,
+    INSERT INTO engine_task_event (task_id, type, status, progress, message, payload, simulated,
                                    instance_id)
-    SELECT id, 'task.retried', 'queued', 0, 'retried by an operator', run_mode = 'simulation', $2
-    FROM retried
+    SELECT id, $3, 'queued', 0, $4, $5::jsonb, run_mode = 'simulation', $6
+    FROM requeued
 )
-SELECT * FROM retried;
+SELECT * FROM requeued;
 
 -- name: task_set_job
--- Point one task at the job that runs it (after task_retry enqueued it). $1 id, $2 job id.
+-- Point one task at the job that runs it (after task_requeue_final requeued it). $1 id, $2 job id.
 UPDATE engine_task SET river_job_id = $2, updated_at = now() WHERE id = $1;
 
 -- name: task_count_by_status_for_ids
@@ -82,40 +88,6 @@ events AS (
     FROM resolved
 )
 SELECT * FROM resolved;
-
--- name: task_resubmit
--- An operator's decision to submit a manual_review task upstream again (it may then run there
--- twice): back to queued as a fresh run, as task_retry does for it, fenced to manual_review.
--- Records a task.resubmitted event whose payload $3 says who decided and why, with message $2.
--- $1 id, $4 instance id (of the event). Returns the row, or nothing when the task does not
--- exist or is not in manual_review. The caller inserts its job (task_set_job).
-WITH resubmitted AS (
-    UPDATE engine_task
-    SET status = 'queued',
-        phase = NULL,
-        progress = 0,
-        result = NULL,
-        error = NULL,
-        finished_at = NULL,
-        cancel_requested_at = NULL,
-        execution_token = NULL,
-        execution_owner = NULL,
-        lease_expires_at = NULL,
-        started_at = NULL,
-        submitted_at = NULL,
-        upstream_ref = NULL,
-        next_run_at = now(),
-        updated_at = now()
-    WHERE id = $1 AND status = 'manual_review'
-    RETURNING *
-),
-events AS (
-    INSERT INTO engine_task_event (task_id, type, status, progress, message, payload, simulated,
-                                   instance_id)
-    SELECT id, 'task.resubmitted', 'queued', 0, $2, $3::jsonb, run_mode = 'simulation', $4
-    FROM resubmitted
-)
-SELECT * FROM resubmitted;
 
 -- name: task_count_unfinished_for_model
 -- Queued and running tasks of model $1 (from engine_task_live_index), before `models delete`.
