@@ -17,8 +17,8 @@ import trio
 
 from engine.db.bridge import Pool, Record
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task
 from engine.errors import LeaseUnavailable
-from engine.tasks.models import Task
 
 __all__ = ["Admitted", "RateLimited", "ScopeCatalog", "Waiting", "admit"]
 

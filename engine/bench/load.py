@@ -93,12 +93,12 @@ from engine.bench.common import BenchDatabase, percentile
 from engine.bench.worker import kill_processes
 from engine.config import EngineConfig, load_config
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.load.controller import LoadSnapshot, PressureState
 from engine.load.sampler import ProcessSampler
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
 from engine.service.root import serve
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_load_bench"]
 

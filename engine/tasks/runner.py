@@ -61,6 +61,7 @@ import trio
 from engine.admission.gate import RateLimited, ScopeCatalog, Waiting, admit
 from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task, TaskEvent, TaskPhase, TaskStatus
 from engine.errors import (
     ConnectionLost,
     DatabaseError,
@@ -85,7 +86,6 @@ from engine.providers.context import TaskContext, task_context
 from engine.providers.throttle import UpstreamThrottle
 from engine.queue.job import Job, JobSnooze
 from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
 from engine.tasks.store import EventWriter, ProgressReport, TaskStore
 
 __all__ = ["LeaseKeeper", "TaskQueued", "TaskRunArgs", "TaskRunner"]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import trio
 
-from engine.tasks.models import TaskStatus
+from engine.domain.tasks import TaskStatus
 from engine.tasks.runner import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, request
 
