@@ -56,6 +56,7 @@ import attrs
 import trio
 
 from engine.admission.dispatcher import Dispatcher
+from engine.admission.gate import ScopeGate
 from engine.capacity.fixed import FixedCapacity
 from engine.capacity.refresher import CapacityRefresher
 from engine.capacity.room import ShutdownPolicy
@@ -379,7 +380,7 @@ async def _assemble(
         load=load,
         lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
         queue_timeout=config.admission.queue_timeout,
-        catalog=db.coordination,
+        admission=ScopeGate(db.tasks, db.coordination),
         load_retry_delay=functools.partial(
             worker_load_retry_delay,
             base=config.load.retry_base,

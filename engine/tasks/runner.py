@@ -58,8 +58,6 @@ from typing import Any, NoReturn, TypeVar
 
 import trio
 
-from engine.admission.gate import RateLimited, ScopeCatalog, Waiting, admit
-from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Task, TaskEvent, TaskPhase, TaskStatus
 from engine.errors import (
@@ -70,8 +68,6 @@ from engine.errors import (
     LockTimeout,
     ManualReview,
 )
-from engine.load.controller import LoadController, LoadLease, Phase
-from engine.load.retry_delay import worker_load_retry_delay
 from engine.providers.base import (
     AmbiguousSubmission,
     NotSubmitted,
@@ -85,10 +81,19 @@ from engine.providers.base import (
 from engine.providers.context import TaskContext, task_context
 from engine.providers.throttle import UpstreamThrottle
 from engine.queue.job import Job, JobSnooze
+from engine.tasks.gates import (
+    REFUSED_START_DELAY,
+    AdmissionGate,
+    LoadGate,
+    LoadSlot,
+    Phase,
+    RateLimited,
+    Waiting,
+)
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.store import EventWriter, ProgressReport, TaskStore
 
-__all__ = ["LeaseKeeper", "TaskQueued", "TaskRunArgs", "TaskRunner"]
+__all__ = ["LeaseKeeper", "TaskQueued", "TaskRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -336,11 +341,11 @@ class TaskRunner:
         *,
         simulated: Provider,
         instance_id: str,
-        load: LoadController | None = None,
+        load: LoadGate | None = None,
         lock_timeout_delay: float = 1.0,
         queue_timeout: float | None = None,
-        catalog: Pool | None = None,
-        load_retry_delay: Callable[[str], float] = worker_load_retry_delay,
+        admission: AdmissionGate | None = None,
+        load_retry_delay: Callable[[str], float] | None = None,
         handback_delay: float = 5.0,
     ) -> None:
         self.store = store
@@ -370,7 +375,9 @@ class TaskRunner:
         self.resubmit_backoff = 0.5
         #: Models whose upstream answered "busy" (429, 503): their submissions wait here.
         self.upstream_busy = UpstreamThrottle()
-        self.scopes = ScopeCatalog(store.pool, catalog)
+        #: Asked to start a pending claim (a task of a limited model or group); None where no
+        #: claim can be pending (the testing kit's runs without a database).
+        self.admission = admission
         #: Called with each outcome this process records and the task it ended, or None when
         #: the run failed before its claim returned the task (metrics count them).
         self.on_finished: Callable[[TaskStatus, Task | None], None] | None = None
@@ -415,13 +422,13 @@ class TaskRunner:
         not runnable does a second read say why (missing, final, not due, leased elsewhere).
         """
         task_id = uuid.UUID(args.task_id)
-        lease: LoadLease | None = None
+        lease: LoadSlot | None = None
         if self.load is not None:
             lease = self.load.try_start()
             if lease is None:
                 if await self._runnable(task_id, job) is None:  # 1, -, 2
                     return
-                raise JobSnooze(self.load_retry_delay(str(task_id)))  # 3
+                raise JobSnooze(self._refused_start_delay(task_id))  # 3
         run = _Run(task_id, uuid.uuid4())
         try:
             await self._execute(run, job, lease)  # 4, 5
@@ -515,6 +522,10 @@ class TaskRunner:
             return None
         return None if task.is_final else task
 
+    def _refused_start_delay(self, task_id: uuid.UUID) -> float:
+        rule = self.load_retry_delay
+        return REFUSED_START_DELAY if rule is None else rule(str(task_id))
+
     async def _still_queued(self, task_id: uuid.UUID) -> bool:
         current = await self.store.get_now(task_id)
         return current is not None and current.status is TaskStatus.QUEUED
@@ -550,7 +561,7 @@ class TaskRunner:
 
     # ---- one execution ------------------------------------------------------------------------
 
-    async def _execute(self, run: _Run, job: Job, lease: LoadLease | None) -> None:
+    async def _execute(self, run: _Run, job: Job, lease: LoadSlot | None) -> None:
         token = run.token
         claimed = await self.store.claim(run.task_id, token)
         run.claimed_at = datetime.now(UTC)
@@ -596,8 +607,9 @@ class TaskRunner:
         if task.status is TaskStatus.QUEUED:
             # A pending claim: the task's model or group is limited, so it holds the lease but
             # stays queued until the gate starts it (sql/queries/engine_task.sql).
-            outcome = await admit(
-                self.scopes,
+            if self.admission is None:
+                raise RuntimeError(f"task {task.id} waits for admission, and no gate admits here")
+            outcome = await self.admission.admit(
                 task,
                 token,
                 self.instance_id,
@@ -736,7 +748,7 @@ class TaskRunner:
         self,
         task: Task,
         token: uuid.UUID,
-        lease: LoadLease | None,
+        lease: LoadSlot | None,
         execution: _Execution,
         context: TaskContext,
     ) -> None:
@@ -841,7 +853,7 @@ class TaskRunner:
         self,
         task: Task,
         token: uuid.UUID,
-        lease: LoadLease | None,
+        lease: LoadSlot | None,
         execution: _Execution,
         provider: Provider,
         prepared: Any,
@@ -977,7 +989,7 @@ class TaskRunner:
             self.on_phase(phase, now - started, model)
         return now
 
-    async def _enter(self, lease: LoadLease | None, phase: Phase) -> None:
+    async def _enter(self, lease: LoadSlot | None, phase: Phase) -> None:
         if lease is not None:
             await lease.enter(phase)
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from engine.domain.tasks import TaskStatus
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, request
 
 

@@ -24,7 +24,7 @@ from engine.providers.simulated import SimulatedProvider
 from engine.queue.job import Job, JobSnooze
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 
 

@@ -25,7 +25,7 @@ from engine.providers.http.fake import FakeUpstream, fake_http_model, serve_upst
 from engine.providers.http.provider import HttpProvider
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.providers.http.conftest import Served
 from engine_tests.tasks.conftest import make_config, request
 
