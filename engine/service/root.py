@@ -97,8 +97,9 @@ from engine.service.health import DATABASE, Health
 from engine.service.supervise import supervise
 from engine.tasks.callbacks import CallbackCleaner
 from engine.tasks.jobs import TaskRunArgs, model_claim_filter
+from engine.tasks.leases import LeaseKeeper
 from engine.tasks.notices import TaskNotices
-from engine.tasks.runner import LeaseKeeper, TaskRunner
+from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 
 __all__ = ["open", "serve"]

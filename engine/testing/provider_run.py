@@ -41,7 +41,8 @@ from engine.providers.base import PollResult, Provider
 from engine.queue.job import Job, JobSnooze
 from engine.queue.states import JobState
 from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.runner import LeaseKeeper, TaskRunner
+from engine.tasks.leases import LeaseKeeper
+from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore, storable_outcome
 from engine.testing.factories import make_task
 
