@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig as EngineConfig
     from engine.config import load_config as load_config
     from engine.db.bridge import Connection as Connection
+    from engine.domain.tasks import Identity as Identity
+    from engine.domain.tasks import RunMode as RunMode
+    from engine.domain.tasks import Task as Task
+    from engine.domain.tasks import TaskRequest as TaskRequest
+    from engine.domain.tasks import TaskStatus as TaskStatus
     from engine.errors import AppError as AppError
     from engine.errors import EngineError as EngineError
     from engine.errors import InvalidProvider as InvalidProvider
@@ -47,11 +52,6 @@ if TYPE_CHECKING:
     from engine.service.engine import Engine as Engine
     from engine.service.root import open as open
     from engine.service.root import serve as serve
-    from engine.tasks.models import Identity as Identity
-    from engine.tasks.models import RunMode as RunMode
-    from engine.tasks.models import Task as Task
-    from engine.tasks.models import TaskRequest as TaskRequest
-    from engine.tasks.models import TaskStatus as TaskStatus
 
 #: Where each public name lives. The names load on first use (PEP 562), so ``import engine``
 #: and ``python -m engine --help`` stay fast: the command line imports trio, asyncpg and the rest
@@ -60,6 +60,11 @@ _LAZY: dict[str, str] = {
     "EngineConfig": "engine.config",
     "load_config": "engine.config",
     "Connection": "engine.db.bridge",
+    "Identity": "engine.domain.tasks",
+    "RunMode": "engine.domain.tasks",
+    "Task": "engine.domain.tasks",
+    "TaskRequest": "engine.domain.tasks",
+    "TaskStatus": "engine.domain.tasks",
     "AppError": "engine.errors",
     "EngineError": "engine.errors",
     "InvalidProvider": "engine.errors",
@@ -82,11 +87,6 @@ _LAZY: dict[str, str] = {
     "Engine": "engine.service.engine",
     "open": "engine.service.root",
     "serve": "engine.service.root",
-    "Identity": "engine.tasks.models",
-    "RunMode": "engine.tasks.models",
-    "Task": "engine.tasks.models",
-    "TaskRequest": "engine.tasks.models",
-    "TaskStatus": "engine.tasks.models",
 }
 
 __all__ = [

@@ -139,7 +139,7 @@ class StatedItem(Protocol):
 
 
 class TimedTask(Protocol):
-    """The task fields the latency metrics read (an ``engine.tasks.models.Task``)."""
+    """The task fields the latency metrics read (an ``engine.domain.tasks.Task``)."""
 
     @property
     def model(self) -> str:

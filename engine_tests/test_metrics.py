@@ -86,7 +86,7 @@ class Done:
 
 @attrs.frozen
 class Timed:
-    """Stands in for ``engine.tasks.models.Task``: only the timing fields are read."""
+    """Stands in for ``engine.domain.tasks.Task``: only the timing fields are read."""
 
     model: str = "m"
     attempts: int = 1

@@ -5,22 +5,28 @@ The claim of a task of a limited model or group holds the lease but leaves the t
 it lets the task start does the task become ``running`` and count an attempt, in the same
 transaction that takes its slots. So a task that waits for a scope slot, or for a scope's lock
 while another admission holds it, is never seen running and never burns an attempt.
+
+:class:`ScopeGate` is the admission gate the job handler is given (the protocol
+:class:`engine.tasks.gates.AdmissionGate`, with the outcomes :class:`~engine.tasks.gates.Admitted`,
+:class:`~engine.tasks.gates.Waiting` and :class:`~engine.tasks.gates.RateLimited`).
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from engine.db.bridge import Pool, Record
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task
 from engine.errors import LeaseUnavailable
-from engine.tasks.models import Task
+from engine.tasks.gates import Admission, AdmissionGate, Admitted, RateLimited, Waiting
 
-__all__ = ["Admitted", "RateLimited", "ScopeCatalog", "Waiting", "admit"]
+__all__ = ["ScopeCatalog", "ScopeGate", "admit"]
 
 _LIMITS = QUERIES["scope_limits_for_task"]
 _LOCK = QUERIES["scope_lock"]
@@ -32,38 +38,6 @@ _ENSURE = QUERIES["rate_bucket_ensure"]
 _TOKEN = QUERIES["rate_token_take"]
 _TOKEN_WAIT = QUERIES["rate_token_wait"]
 _START = QUERIES["task_start_admitted"]
-
-
-@attrs.frozen
-class Admitted:
-    """Go ahead: the task holds a slot in each of ``scopes`` and is running now.
-
-    Attributes:
-        task: the task as the admission started it (``running``, its attempt counted).
-        scopes: the limited scopes it holds a slot in (none for a rate limit alone).
-    """
-
-    task: Task
-    scopes: tuple[str, ...] = ()
-
-
-@attrs.frozen
-class Waiting:
-    """A scope is full or others wait ahead: the task now waits in line (it is queued again,
-    and the dispatcher enqueues it when there is room)."""
-
-    scopes: tuple[str, ...]
-
-
-@attrs.frozen
-class RateLimited:
-    """A scope's rate limit is spent: try again in ``delay`` seconds (nothing was taken)."""
-
-    scope: str
-    delay: float
-
-
-Outcome = Admitted | Waiting | RateLimited
 
 
 class ScopeCatalog:
@@ -108,7 +82,7 @@ async def admit(
     job_id: int | None = None,
     lease_ttl: float = 60.0,
     queue_timeout: float | None = None,
-) -> Outcome:
+) -> Admission:
     """Decide whether ``task``, a pending claim (queued, holding ``token``), may start now.
 
     One transaction: lock the task's scopes in sorted order, check room and the line, then
@@ -154,6 +128,43 @@ async def admit(
         return limited.outcome
 
 
+class ScopeGate:
+    """The admission gate of the job handler: :func:`admit` over one :class:`ScopeCatalog`.
+
+    Limits are read from ``catalog`` (the coordination database), admissions written to
+    ``pool`` (the tasks database); see :class:`ScopeCatalog`.
+    """
+
+    def __init__(self, pool: Pool, catalog: Pool | None = None, ttl: float = 1.0) -> None:
+        self.scopes = ScopeCatalog(pool, catalog, ttl)
+
+    async def admit(
+        self,
+        task: Task,
+        token: uuid.UUID,
+        owner: str,
+        *,
+        job_id: int | None = None,
+        lease_ttl: float = 60.0,
+        queue_timeout: float | None = None,
+    ) -> Admission:
+        """Decide whether ``task``, a pending claim, may start now (see :func:`admit`)."""
+        return await admit(
+            self.scopes,
+            task,
+            token,
+            owner,
+            job_id=job_id,
+            lease_ttl=lease_ttl,
+            queue_timeout=queue_timeout,
+        )
+
+
+if TYPE_CHECKING:
+    # The job handler is given a ScopeGate as its AdmissionGate: mypy holds it to the protocol.
+    _AS_ADMISSION_GATE: type[AdmissionGate] = ScopeGate
+
+
 @attrs.frozen
 class _Line:
     """What the decision needs besides the limits: the asking job, the lease TTL to renew on
@@ -174,7 +185,7 @@ async def _decide(
     limit: dict[str, int],
     rates: list[Record],
     line: _Line,
-) -> Outcome:
+) -> Admission:
     async with pool.transaction() as conn:
         for row in rows:
             await conn.execute(_LOCK, row["scope"])

@@ -155,11 +155,11 @@ from engine.db import embedded
 from engine.db.bridge import Connection, Record, connect
 from engine.db.database import DatabaseUrls
 from engine.db.resolve import scratch_database
+from engine.domain.tasks import FINAL_STATUSES, Identity, RunMode, TaskRequest
 from engine.errors import ConnectionLost, DatabaseError, UniqueViolation
 from engine.providers.simulated import Latency, SimulationConfig
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import FINAL_STATUSES, Identity, RunMode, TaskRequest
 
 __all__ = [
     "BENCH_APPLICATION",

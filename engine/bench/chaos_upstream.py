@@ -33,8 +33,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.http.fake import Dials, FakeUpstream, serve_upstream
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 if TYPE_CHECKING:
     from engine.bench.chaos import ChaosRun, FaultReport

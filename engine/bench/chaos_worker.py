@@ -42,13 +42,13 @@ import trio
 from engine.config import load_config
 from engine.db.bridge import Pool, asyncio_loop, create_pool
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Task
 from engine.errors import DatabaseError
 from engine.logs import configure_logging
 from engine.providers.base import ProviderError
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
 from engine.service.root import serve
-from engine.tasks.models import Task
 
 __all__ = [
     "LEDGER_APPLICATION",

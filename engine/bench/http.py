@@ -27,12 +27,12 @@ import trio
 from engine.bench.common import BenchDatabase, percentile
 from engine.config import load_config
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.http.description import HttpCallback
 from engine.providers.http.fake import FakeUpstream, fake_http_model, serve_upstream
 from engine.providers.http.provider import HttpProvider
 from engine.queue.generation import MAX_WORKERS
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_http_bench"]
 

@@ -34,10 +34,10 @@ from engine.bench.common import BenchDatabase, percentile
 from engine.config import load_config
 from engine.db.bridge import Counters
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, Task, TaskRequest
 from engine.providers.base import PollResult
 from engine.queue.generation import MAX_WORKERS
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, Task, TaskRequest
 
 __all__ = ["TARGETS", "HoldingProvider", "run_inflight_bench"]
 

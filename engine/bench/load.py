@@ -1,7 +1,7 @@
 """``python -m engine bench load``: the worker-load controller under a heavy and a hostile load.
 
 Both parts run the full service (:func:`engine.service.root.serve`) *in this process*, so
-the load controller (``engine.runner.load``) can be read directly, on one fresh database each,
+the load controller (the open engine's ``load``) can be read directly, on one fresh database each,
 with one unlimited model, so the claim limit is ``worker.hard_limit``.
 
 **(a) heavy limit** (issue #6 item 5): 2,000 simulated tasks whose upstream wait is 2 s (one
@@ -93,12 +93,12 @@ from engine.bench.common import BenchDatabase, percentile
 from engine.bench.worker import kill_processes
 from engine.config import EngineConfig, load_config
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.load.controller import LoadSnapshot, PressureState
 from engine.load.sampler import ProcessSampler
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
 from engine.service.root import serve
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_load_bench"]
 
@@ -213,7 +213,7 @@ async def _wait_final(engine: Engine, count: int) -> None:
 async def _watch(
     engine: Engine, period: float, on_snapshot: Callable[[LoadSnapshot], None]
 ) -> None:
-    load = engine.runner.load
+    load = engine.load
     assert load is not None, "the service runs with a load controller in worker mode"
     deadline = trio.current_time()
     while True:

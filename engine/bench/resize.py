@@ -98,10 +98,10 @@ from engine.bench.worker import (
 from engine.config import load_config
 from engine.db.bridge import Pool
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.simulated import Latency, SimulationConfig
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = [
     "REFRESH_INTERVAL",

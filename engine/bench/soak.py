@@ -73,8 +73,8 @@ from engine.bench.chaos import (
 )
 from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.config import load_config
+from engine.domain.tasks import RunMode, TaskRequest
 from engine.providers.simulated import Latency, SimulationConfig
-from engine.tasks.models import RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_soak_bench"]
 

@@ -20,9 +20,9 @@ from engine.bench.queue import burn_down
 from engine.config import load_config
 from engine.db.bridge import Counters
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = ["TARGETS", "run_tasks_bench"]
 

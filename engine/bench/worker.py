@@ -53,6 +53,7 @@ import trio
 from engine.config import EngineConfig, load_config
 from engine.db.bridge import Pool, asyncio_loop, create_pool
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Task
 from engine.errors import DatabaseError
 from engine.logs import configure_logging
 from engine.providers.base import PollResult, Provider
@@ -60,7 +61,6 @@ from engine.providers.simulated import Latency, SimulatedProvider, SimulationCon
 from engine.queue.client import make_instance_id
 from engine.service.engine import Engine
 from engine.service.root import serve as serve_engine
-from engine.tasks.models import Task
 
 __all__ = [
     "BENCH_TABLES_SQL",

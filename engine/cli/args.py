@@ -52,7 +52,7 @@ INT32_MAX: Final = 2_147_483_647
 #: The most tasks one ``submit`` stores (it streams them in batches; more is a usage error).
 MAX_SUBMIT_COUNT: Final = 1_000_000
 
-#: The task statuses (``engine.tasks.models.TaskStatus``), spelled out so that building the
+#: The task statuses (``engine.domain.tasks.TaskStatus``), spelled out so that building the
 #: parser imports nothing heavy; a test checks that they match.
 TASK_STATUSES: Final = (
     "queued", "running", "succeeded", "failed", "cancelled", "manual_review",

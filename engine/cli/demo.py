@@ -19,7 +19,7 @@ import trio
 from engine.cli.catalogue import DEMO_MODELS
 from engine.cli.submit import Progress, ProgressDisplay, TaskIds, follow_tasks
 from engine.config import EngineConfig
-from engine.tasks.models import Identity, RunMode, TaskRequest
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 
 __all__ = ["HTTP_MODEL", "run_demo"]
 

@@ -146,13 +146,13 @@ from engine.db.dsn import redact
 from engine.db.migrate import pending_migrations
 from engine.db.resolve import open_configured, open_urls
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task, TaskEvent, TaskStatus
 from engine.errors import EngineError, MigrationError, TaskError, TaskNotFound
 from engine.queue.job import Job
 from engine.queue.states import JobState
 from engine.schedules.status import ScheduleState, list_schedules
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import Task, TaskEvent, TaskStatus
 from engine.tasks.submit import give_job
 
 __all__ = [

@@ -76,8 +76,8 @@ from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK
 from engine.cli.render import STATUS_STYLES, make_console, printable
 from engine.config import EngineConfig
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import FINAL_STATUSES, Identity, RunMode, TaskRequest, TaskStatus
 from engine.service.engine import Engine
-from engine.tasks.models import FINAL_STATUSES, Identity, RunMode, TaskRequest, TaskStatus
 
 __all__ = [
     "FOLLOW_CHUNK",

@@ -28,12 +28,13 @@ import collections
 import enum
 import math
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import trio
 
 from engine.load.clock import Clock, MonotonicClock
+from engine.tasks.gates import LoadGate, Phase
 
 __all__ = [
     "HEAVY_PHASES",
@@ -45,7 +46,6 @@ __all__ = [
     "LoadMode",
     "LoadSnapshot",
     "LoadThresholds",
-    "Phase",
     "PressureState",
     "ResourceSample",
 ]
@@ -61,14 +61,6 @@ REASON_MEMORY = "memory"
 """``pressure_reason`` when memory is the dominant resource."""
 REASON_CPU = "cpu"
 """``pressure_reason`` when CPU is the dominant resource."""
-
-
-class Phase(enum.StrEnum):
-    """The phase a lease is in; ``preparing`` and ``finalizing`` are heavy."""
-
-    PREPARING = "preparing"
-    WAITING_UPSTREAM = "waiting_upstream"
-    FINALIZING = "finalizing"
 
 
 HEAVY_PHASES: frozenset[Phase] = frozenset({Phase.PREPARING, Phase.FINALIZING})
@@ -608,3 +600,9 @@ class LoadController:
             self._move(waiter.lease, waiter.phase)
             waiter.outcome = "granted"
             waiter.event.set()
+
+
+if TYPE_CHECKING:
+    # The job handler is given the controller as its LoadGate (engine.tasks.gates), and each
+    # LoadLease as the LoadSlot of an execution: mypy holds them to the protocols.
+    _AS_LOAD_GATE: type[LoadGate] = LoadController

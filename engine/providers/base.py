@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from engine.tasks.models import Task
+from engine.domain.tasks import Task
 
 __all__ = [
     "AmbiguousSubmission",

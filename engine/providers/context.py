@@ -28,8 +28,8 @@ from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from engine.domain.tasks import Task, TaskPhase
 from engine.errors import InvalidProvider
-from engine.tasks.models import Task, TaskPhase
 
 __all__ = [
     "ProgressSink",

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from engine.domain.tasks import Task
 from engine.providers.base import AmbiguousSubmission, PollResult
-from engine.tasks.models import Task
 
 __all__ = ["Latency", "SimulatedProvider", "SimulationConfig"]
 

@@ -1,7 +1,7 @@
 """What a schedule submits, and how it catches up: the data of one schedule.
 
 A schedule submits, per period, either a task (:class:`ScheduledTask`, or a function of the
-period that builds a :class:`~engine.tasks.models.TaskRequest`) or a plain River job
+period that builds a :class:`~engine.domain.tasks.TaskRequest`) or a plain River job
 (:class:`ScheduledJob`, for a Go River worker or your own queue client). Schedules come from
 configuration (``[[schedules]]`` tables, :func:`schedule_from_table`) or from the embedding app
 (``engine.open(config, schedules=[...])``); both are checked by :func:`schedule_problems` before
@@ -20,8 +20,8 @@ from typing import Any, cast
 
 import attrs
 
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.schedules.timing import Timing, parse_timing
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 __all__ = [
     "CatchUp",

@@ -23,13 +23,13 @@ import trio
 
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import TaskRequest
 from engine.errors import DatabaseError
 from engine.queue.insert import InsertParams, prepare
 from engine.queue.job import InsertOpts
 from engine.schedules.due import Due, due_periods
 from engine.schedules.model import Schedule, ScheduledTask, period_task_id
 from engine.schedules.timing import Timing
-from engine.tasks.models import TaskRequest
 
 __all__ = ["InsertJobs", "PeriodicScheduler", "SubmitTasks"]
 

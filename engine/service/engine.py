@@ -20,16 +20,17 @@ from engine.config import EngineConfig
 from engine.db.bridge import Connection
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task, TaskEvent, TaskRequest, TaskStatus
 from engine.errors import TaskNotFound
 from engine.load.controller import LoadController
 from engine.metrics import Metrics
 from engine.providers.base import Provider
 from engine.queue.client import QueueClient
 from engine.service.health import Health
-from engine.tasks.models import Task, TaskEvent, TaskRequest, TaskStatus
+from engine.tasks.leases import LeaseKeeper
 from engine.tasks.notices import CANCEL_CHANNEL, TaskNotices
 from engine.tasks.review import Decision, resolve_task
-from engine.tasks.runner import LeaseKeeper, TaskRunner
+from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 from engine.tasks.submit import submit_tasks
 

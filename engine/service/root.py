@@ -56,6 +56,7 @@ import attrs
 import trio
 
 from engine.admission.dispatcher import Dispatcher
+from engine.admission.gate import ScopeGate
 from engine.capacity.fixed import FixedCapacity
 from engine.capacity.refresher import CapacityRefresher
 from engine.capacity.room import ShutdownPolicy
@@ -96,8 +97,9 @@ from engine.service.health import DATABASE, Health
 from engine.service.supervise import supervise
 from engine.tasks.callbacks import CallbackCleaner
 from engine.tasks.jobs import TaskRunArgs, model_claim_filter
+from engine.tasks.leases import LeaseKeeper
 from engine.tasks.notices import TaskNotices
-from engine.tasks.runner import LeaseKeeper, TaskRunner
+from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 
 __all__ = ["open", "serve"]
@@ -379,7 +381,7 @@ async def _assemble(
         load=load,
         lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
         queue_timeout=config.admission.queue_timeout,
-        catalog=db.coordination,
+        admission=ScopeGate(db.tasks, db.coordination),
         load_retry_delay=functools.partial(
             worker_load_retry_delay,
             base=config.load.retry_base,

@@ -18,8 +18,8 @@ from typing import ClassVar, Final
 import attrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
+from engine.domain.tasks import RunMode
 from engine.queue.job import converter
-from engine.tasks.models import RunMode
 
 __all__ = ["MODEL_ARG", "TaskRunArgs", "model_claim_filter"]
 

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task, TaskStatus
 from engine.errors import TaskError, TaskNotFound
-from engine.tasks.models import Task, TaskStatus
 from engine.tasks.submit import give_job
 
 if TYPE_CHECKING:
-    from engine.service.engine import Engine
+    from engine.tasks.host import OpenEngine as Engine
 
 __all__ = ["RESOLVED_FAILED_CODE", "Decision", "ReviewConflict", "resolve_task"]
 

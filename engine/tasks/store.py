@@ -21,10 +21,10 @@ import trio
 from engine.db.batcher import Batcher
 from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task, TaskEvent, TaskPhase, TaskStatus
 from engine.errors import DatabaseError
 from engine.providers.base import PollResult
 from engine.tasks.jsoncheck import json_problem
-from engine.tasks.models import Task, TaskEvent, TaskPhase, TaskStatus
 
 __all__ = ["EventWriter", "ProgressReport", "StoredCallback", "TaskStore", "storable_outcome"]
 

@@ -16,6 +16,7 @@ from typing import NoReturn
 from engine.config import QueueConfig, TasksConfig
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Identity, TaskRequest
 from engine.errors import InvalidTask, TaskError
 from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import InsertOpts
@@ -23,7 +24,6 @@ from engine.queue.states import GATEWAY_UNIQUE_STATES, JobState
 from engine.queue.unique import UniqueOpts
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.jsoncheck import bad_character, json_problem
-from engine.tasks.models import Identity, TaskRequest
 
 __all__ = ["give_job", "submit_tasks", "task_insert_opts", "validate_requests"]
 

@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
+from engine.domain.tasks import Task, TaskStatus
 from engine.service.engine import Engine
-from engine.tasks.models import Task, TaskStatus
 
 __all__ = [
     "all_submitted",

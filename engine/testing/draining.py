@@ -25,9 +25,9 @@ import trio
 
 from engine.capacity.fixed import FixedCapacity
 from engine.capacity.room import ShutdownPolicy
+from engine.domain.tasks import Task, TaskStatus
 from engine.service.engine import Engine
 from engine.tasks.jobs import model_claim_filter
-from engine.tasks.models import Task, TaskStatus
 from engine.testing.assertions import READ_LIMIT, describe_tasks
 
 __all__ = ["DrainTimeout", "drain"]

@@ -29,10 +29,10 @@ from engine.config import load_config
 from engine.db.bridge import asyncio_loop
 from engine.db.database import DatabaseUrls
 from engine.db.resolve import scratch_database
+from engine.domain.tasks import Task
 from engine.providers.base import Provider
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import Task
 from engine.testing.server import (
     DATABASE_URL_ENV,
     SessionServer,

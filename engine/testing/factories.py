@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import attrs
 
-from engine.tasks.models import Identity, RunMode, Task, TaskPhase, TaskRequest, TaskStatus
+from engine.domain.tasks import Identity, RunMode, Task, TaskPhase, TaskRequest, TaskStatus
 
 __all__ = ["DEFAULT_IDENTITY", "DEFAULT_MODEL", "make_request", "make_task"]
 

@@ -36,12 +36,13 @@ import attrs
 import trio
 
 from engine.db.bridge import Pool
+from engine.domain.tasks import Task, TaskPhase, TaskStatus
 from engine.providers.base import PollResult, Provider
 from engine.queue.job import Job, JobSnooze
 from engine.queue.states import JobState
 from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.models import Task, TaskPhase, TaskStatus
-from engine.tasks.runner import LeaseKeeper, TaskRunner
+from engine.tasks.leases import LeaseKeeper
+from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore, storable_outcome
 from engine.testing.factories import make_task
 

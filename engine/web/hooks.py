@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from engine.domain.tasks import TaskEvent
 from engine.errors import DatabaseError
 from engine.providers.base import Callback, CallbackRefused, callback_poll_interval
 from engine.service.engine import Engine
 from engine.tasks.callbacks import Recorded, record_callback
-from engine.tasks.models import TaskEvent
 
 __all__ = ["HOOKS_PREFIX", "MAX_CALLBACK_BYTES", "hook_routes"]
 

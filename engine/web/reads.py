@@ -14,8 +14,8 @@ from typing import Any, Final
 import attrs
 
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Task
 from engine.service.engine import Engine
-from engine.tasks.models import Task
 
 __all__ = ["Cursor", "TaskFilter", "find_by_upstream_ref", "live_by_model", "manual_review_page",
            "scope_usage", "task_page", "throughput"]  # fmt: skip

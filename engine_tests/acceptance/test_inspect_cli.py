@@ -29,9 +29,9 @@ from engine.cli.submit import Progress, ProgressDisplay
 from engine.db.bridge import Connection
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import TaskStatus
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
-from engine.tasks.models import TaskStatus
 from engine_tests.cli.conftest import Cli, engine_config
 
 DEADLINE = 30.0

@@ -17,7 +17,7 @@ import trio
 
 import engine
 from engine.db.database import DatabaseUrls
-from engine.tasks.models import Identity, TaskRequest, TaskStatus
+from engine.domain.tasks import Identity, TaskRequest, TaskStatus
 from engine_tests.acceptance.test_cli import (
     DEADLINE,
     REPO_ROOT,

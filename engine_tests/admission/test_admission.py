@@ -12,11 +12,11 @@ from engine.admission.dispatcher import Dispatcher
 from engine.config import load_config
 from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls, open_database
+from engine.domain.tasks import TaskStatus
 from engine.queue.job import JobSnooze
 from engine.recovery.rescuer import Rescuer
 from engine.service.engine import Engine
-from engine.tasks.models import TaskStatus
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 from engine_tests.tasks.conftest import open_test_engine as open_test_engine  # fixture
 from engine_tests.tasks.test_runner import GatedProvider, job_of, sim, status

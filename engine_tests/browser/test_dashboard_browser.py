@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import trio
 
-from engine.tasks.models import Identity, RunMode, TaskRequest, TaskStatus
+from engine.domain.tasks import Identity, RunMode, TaskRequest, TaskStatus
 from engine_tests.web.fixtures import EVIL_MODEL, populated
 
 pytestmark = pytest.mark.browser

@@ -33,9 +33,9 @@ import trio
 from engine.bench.chaos import WORKER_SETTINGS, Monitor, _private_server, bench_databases
 from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.db.bridge import connect
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.http.fake import Dials, FakeUpstream, serve_upstream
 from engine.service.engine import Engine
-from engine.tasks.models import Identity, RunMode, TaskRequest
 from engine_tests import netns
 
 pytestmark = [

@@ -14,8 +14,8 @@ import pytest
 
 import engine
 from engine.cli.args import JOB_STATES, TASK_STATUSES
+from engine.domain.tasks import TaskStatus
 from engine.queue.states import JobState
-from engine.tasks.models import TaskStatus
 
 #: What a command line that only parses must not load.
 HEAVY = ("trio", "asyncpg", "trio_asyncio", "prometheus_client", "cattrs", "attrs", "rich",

@@ -22,10 +22,10 @@ from engine.db.bridge import Connection, connect
 from engine.db.database import DatabaseUrls, open_database
 from engine.db.migrate import pending_migrations
 from engine.db.resolve import migrate_databases, scratch_database
+from engine.domain.tasks import TaskStatus
 from engine.errors import ConfigError, LockTimeout
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import TaskStatus
 from engine.testing.pgbouncer import (
     PGBOUNCER_INSTALL_HINT,
     PgBouncer,

@@ -20,11 +20,11 @@ from engine.load.controller import (
     LoadMode,
     LoadSnapshot,
     LoadThresholds,
-    Phase,
     PressureState,
     ResourceSample,
 )
 from engine.load.retry_delay import worker_load_retry_delay
+from engine.tasks.gates import Phase
 
 NORMAL = PressureState.NORMAL
 ELEVATED = PressureState.ELEVATED

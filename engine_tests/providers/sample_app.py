@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
+from engine.domain.tasks import Task
 from engine.providers.base import PollResult
-from engine.tasks.models import Task
 
 #: What the context managers did, in order ("entered", "exited", "exited with <error>").
 EVENTS: list[str] = []

@@ -14,10 +14,10 @@ import trio
 
 import engine
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import RunMode, Task, TaskStatus
 from engine.providers.base import PollResult
 from engine.providers.context import TaskContext, current_task_context, open_lifespans
 from engine.service.engine import Engine
-from engine.tasks.models import RunMode, Task, TaskStatus
 from engine.tasks.store import ProgressReport
 from engine_tests.tasks.conftest import make_config, request
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from engine.config import QueueConfig
+from engine.domain.tasks import RunMode
 from engine.errors import JobError
 from engine.queue.insert import prepare
 from engine.queue.states import (
@@ -28,7 +29,6 @@ from engine.queue.unique import (
     validate_unique_states,
 )
 from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.models import RunMode
 from engine.tasks.submit import task_insert_opts
 
 TASK_ID = "3f2b8c1e-9d4a-4e6b-8a7c-1d2e3f4a5b6c"

@@ -13,9 +13,9 @@ import trio
 
 from engine.db.bridge import asyncio_loop
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import RunMode
 from engine.schedules.model import Schedule, ScheduledTask
 from engine.service.root import open as open_engine
-from engine.tasks.models import RunMode
 from engine_tests.tasks.conftest import make_config
 
 SCHEDULE = Schedule(

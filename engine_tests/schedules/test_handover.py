@@ -15,11 +15,11 @@ import pytest
 import trio
 
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import RunMode
 from engine.errors import ConfigError
 from engine.schedules.model import Schedule, ScheduledTask, period_task_id
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import RunMode
 from engine_tests.schedules.schedule_worker import SCHEDULE
 from engine_tests.tasks.conftest import make_config
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from engine.config import config_problems_exit_code, load_config
+from engine.domain.tasks import RunMode
 from engine.errors import ConfigError
 from engine.schedules.model import CatchUp, Schedule, ScheduledJob, ScheduledTask
-from engine.tasks.models import RunMode
 
 GOOD = """
 [[schedules]]

@@ -13,6 +13,7 @@ import trio
 
 from engine.db.bridge import Connection
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.queue.insert import InsertParams, insert_tx
 from engine.schedules.model import (
     CatchUp,
@@ -24,7 +25,6 @@ from engine.schedules.model import (
 from engine.schedules.scheduler import PeriodicScheduler
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, TaskRequest
 from engine_tests.tasks.conftest import make_config
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -14,10 +14,10 @@ import trio.testing
 import engine
 from engine.config import EngineConfig
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, TaskRequest, TaskStatus
 from engine.errors import InvalidProvider
 from engine.service.health import Health
 from engine.service.supervise import supervise
-from engine.tasks.models import Identity, TaskRequest, TaskStatus
 from engine_tests.service.sample_service_app import NoPoll, SleepyEcho
 from engine_tests.tasks.conftest import make_config
 

@@ -16,9 +16,9 @@ import trio
 
 from engine.db import embedded
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import TaskStatus
 from engine.service.engine import Engine
 from engine.service.root import serve
-from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import make_config, request
 from engine_tests.tasks.test_runner import GatedProvider
 

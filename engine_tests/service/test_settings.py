@@ -20,13 +20,13 @@ from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
 from engine.db.resolve import scratch_database
+from engine.domain.tasks import TaskStatus
 from engine.errors import ConfigError, DatabaseError, DataDirError, leaves
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.queue.states import JobState
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
 from engine.service.root import serve
-from engine.tasks.models import TaskStatus
 from engine_tests.load.test_claim_limit import PinnedClaimLimit
 from engine_tests.service.test_service import FAST
 from engine_tests.tasks.conftest import make_config, request

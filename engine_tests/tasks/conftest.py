@@ -10,10 +10,10 @@ import pytest
 
 from engine.config import EngineConfig, load_config
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.simulated import SimulatedProvider
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, TaskRequest
 
 IDENTITY = Identity(tenant_id="t1", user_id="u1", api_key_id="k1")
 

@@ -14,9 +14,9 @@ import trio
 
 from engine.db.bridge import asyncio_loop
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Task
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
-from engine.tasks.models import Task
 from engine_tests.tasks.conftest import make_config
 
 

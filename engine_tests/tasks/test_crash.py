@@ -10,8 +10,8 @@ import sys
 import pytest
 import trio
 
-from engine.tasks.models import TaskStatus
-from engine.tasks.runner import TaskRunArgs
+from engine.domain.tasks import TaskStatus
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, request
 
 

@@ -17,10 +17,10 @@ import pytest
 import trio
 
 from engine.db import embedded
+from engine.domain.tasks import TaskStatus
 from engine.errors import DatabaseError
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.root import open as open_engine
-from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import make_config, request
 
 TASKS = 40

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import trio
 
+from engine.domain.tasks import TaskStatus
 from engine.errors import TaskNotFound
 from engine.providers.simulated import SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
-from engine.tasks.models import TaskStatus
 from engine.tasks.review import ReviewConflict
 from engine_tests.tasks.conftest import OpenEngine, request
 

@@ -15,6 +15,7 @@ from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.db.bridge import connect
 from engine.db.database import DatabaseUrls
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import RunMode, Task, TaskEvent, TaskStatus
 from engine.errors import ConnectionLost, DatabaseError
 from engine.load.controller import LoadController
 from engine.load.retry_delay import worker_load_retry_delay
@@ -23,8 +24,7 @@ from engine.providers.simulated import SimulatedProvider
 from engine.queue.job import Job, JobSnooze
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import RunMode, Task, TaskEvent, TaskStatus
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 
 

@@ -9,7 +9,7 @@ import trio.testing
 
 from engine.db.bridge import Connection
 from engine.db.database import Database
-from engine.tasks.models import TaskEvent
+from engine.domain.tasks import TaskEvent
 from engine.tasks.store import EventWriter
 
 

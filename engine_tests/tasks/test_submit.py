@@ -13,6 +13,7 @@ from engine.admission.dispatcher import Dispatcher
 from engine.config import QueueConfig, TasksConfig, load_config
 from engine.db.bridge import Connection
 from engine.db.database import Database
+from engine.domain.tasks import Identity, RunMode, TaskRequest, TaskStatus
 from engine.errors import ConfigError, ConnectionLost, DatabaseError, InvalidTask, LockTimeout
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.insert import insert_tx, prepare
@@ -20,7 +21,6 @@ from engine.queue.job import InsertOpts
 from engine.queue.unique import GATEWAY_UNIQUE_OPTS
 from engine.recovery.rescuer import Rescuer
 from engine.service.engine import Engine
-from engine.tasks.models import Identity, RunMode, TaskRequest, TaskStatus
 from engine.tasks.submit import submit_tasks
 from engine_tests.tasks.conftest import IDENTITY, OpenEngine, request
 

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 import engine
-from engine.tasks.models import TaskPhase
+from engine.domain.tasks import TaskPhase
 from engine.testing import DEFAULT_IDENTITY, DEFAULT_MODEL, make_request, make_task, run_until_final
 
 

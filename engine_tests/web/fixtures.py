@@ -17,10 +17,10 @@ import attrs
 import trio
 
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, RunMode, TaskRequest, TaskStatus
 from engine.providers.simulated import SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, RunMode, TaskRequest, TaskStatus
 from engine_tests.tasks.conftest import make_config
 
 EVIL_MODEL = "<script>alert('model')</script>'; DROP TABLE engine_task; --"

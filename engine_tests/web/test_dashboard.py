@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import pytest
 
+from engine.domain.tasks import TaskStatus
 from engine.errors import ConfigError
-from engine.tasks.models import TaskStatus
 from engine.web.auth import check_exposure
 from engine_tests.tasks.conftest import make_config
 from engine_tests.web.client import Reply, request
@@ -114,7 +114,7 @@ async def test_filters_lookup_and_cursor_paging(db_url: str) -> None:
 def _queued(n: int) -> object:
     from datetime import UTC, datetime, timedelta
 
-    from engine.tasks.models import Identity, RunMode, TaskRequest
+    from engine.domain.tasks import Identity, RunMode, TaskRequest
 
     return TaskRequest(
         model="sim-model",

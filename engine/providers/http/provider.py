@@ -34,6 +34,7 @@ import attrs
 import httpx
 import trio
 
+from engine.domain.tasks import Task
 from engine.errors import ConfigError
 from engine.providers.base import Callback, CallbackRefused, PollResult, ProviderError
 from engine.providers.context import current_task_context
@@ -54,7 +55,6 @@ from engine.providers.http.template import (
     read_path,
     render,
 )
-from engine.tasks.models import Task
 
 __all__ = ["HttpProvider", "PreparedRequest", "open_http_providers"]
 

@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from engine.tasks.models import Task
+from engine.domain.tasks import Task
 
 __all__ = [
     "MissingValue",

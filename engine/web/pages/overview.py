@@ -13,8 +13,8 @@ from starlette.routing import Route
 
 from engine.capacity.registry import list_instances, load_capacity
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import TaskStatus
 from engine.queue.states import JobState
-from engine.tasks.models import TaskStatus
 from engine.web.common import WebContext
 from engine.web.reads import live_by_model, scope_usage, throughput
 

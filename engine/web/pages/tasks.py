@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine.domain.tasks import Task, TaskEvent, TaskStatus
 from engine.errors import EngineError, TaskError
-from engine.tasks.models import Task, TaskEvent, TaskStatus
 from engine.web.common import WebContext, field, guarded, parse_uuid, see_other
 from engine.web.reads import Cursor, TaskFilter, find_by_upstream_ref, task_page
 

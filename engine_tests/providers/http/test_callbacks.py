@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import RunMode, Task, TaskStatus
 from engine.providers.http.description import HttpCallback
 from engine.providers.http.fake import fake_http_model
 from engine.providers.http.provider import HttpProvider
@@ -27,7 +28,6 @@ from engine.providers.http.signing import sign
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
 from engine.tasks.callbacks import Recorded, record_callback
-from engine.tasks.models import RunMode, Task, TaskStatus
 from engine_tests.providers.http.conftest import Served
 from engine_tests.tasks.conftest import make_config, request
 

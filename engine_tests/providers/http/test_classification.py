@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.domain.tasks import Task
 from engine.providers.base import AmbiguousSubmission, NotSubmitted, ProviderError, UpstreamBusy
 from engine.providers.http.classify import (
     TransientPollFailure,
@@ -27,7 +28,6 @@ from engine.providers.http.classify import (
 )
 from engine.providers.http.fake import fake_http_model
 from engine.providers.http.provider import HttpProvider
-from engine.tasks.models import Task
 from engine.testing.factories import make_task
 from engine_tests.providers.http.conftest import Served
 

@@ -8,11 +8,11 @@ import pytest
 
 from engine.config import load_config
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import Identity, TaskRequest, TaskStatus
 from engine.errors import ConfigError
 from engine.providers.http.fake import fake_http_model
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
-from engine.tasks.models import Identity, TaskRequest, TaskStatus
 from engine_tests.providers.http.conftest import Served
 
 #: The test suite's usual settings (the template is migrated; one fixed generation).

@@ -20,12 +20,12 @@ import pytest
 import trio
 
 from engine.db.database import DatabaseUrls
+from engine.domain.tasks import RunMode, Task, TaskStatus
 from engine.providers.http.fake import FakeUpstream, fake_http_model, serve_upstream
 from engine.providers.http.provider import HttpProvider
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
-from engine.tasks.models import RunMode, Task, TaskStatus
-from engine.tasks.runner import TaskRunArgs
+from engine.tasks.jobs import TaskRunArgs
 from engine_tests.providers.http.conftest import Served
 from engine_tests.tasks.conftest import make_config, request
 
