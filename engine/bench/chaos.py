@@ -133,6 +133,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from engine import embedded
 from engine.bench.chaos_pgbouncer import (
     PGBOUNCER_TARGETS,
     evaluate_pgbouncer,
@@ -151,7 +152,6 @@ from engine.bench.chaos_upstream import (
 )
 from engine.bench.chaos_worker import LEDGER_DDL, LEDGER_TABLE, simulation_to_json
 from engine.config import load_config
-from engine.db import embedded
 from engine.db.bridge import Connection, Record, connect
 from engine.db.database import DatabaseUrls
 from engine.db.resolve import scratch_database

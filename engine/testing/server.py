@@ -48,7 +48,7 @@ from typing import Final, TypeVar
 
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.db.bridge import Connection, asyncio_loop, connect
 from engine.db.dsn import redact, replace_database
 from engine.db.migrate import migrate

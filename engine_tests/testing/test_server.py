@@ -15,7 +15,7 @@ import pytest
 import trio
 
 import engine
-from engine.db import embedded
+from engine import embedded
 from engine.db.bridge import connect
 from engine.db.dsn import replace_database
 from engine.errors import DatabaseError
@@ -253,6 +253,6 @@ def test_a_killed_sessions_data_directory_is_removed_later() -> None:
 
 
 _HOLD = (
-    "from engine.db import embedded; embedded.acquire({path!r}, unsafe_fast=True); "
+    "from engine import embedded; embedded.acquire({path!r}, unsafe_fast=True); "
     "print('up', flush=True); import time; time.sleep(600)"
 )
