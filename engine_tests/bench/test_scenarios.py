@@ -11,10 +11,9 @@ import pytest
 from engine.bench.chaos.scope_limits import AdmittedExecution, running_over_limit
 from engine.bench.load import TARGETS as LOAD_TARGETS
 from engine.bench.load import run_load_bench
-from engine.bench.resize import (
-    TARGETS as RESIZE_TARGETS,
-)
-from engine.bench.resize import (
+from engine.bench.resize import TARGETS as RESIZE_TARGETS
+from engine.bench.resize import run_resize_bench
+from engine.bench.resize_analysis import (
     Execution,
     RegistrySample,
     applied_converge_time,
@@ -22,7 +21,6 @@ from engine.bench.resize import (
     even_split,
     executions_from_events,
     over_allocation,
-    run_resize_bench,
 )
 from engine.bench.river_indexes import run_river_indexes_bench
 from engine.bench.worker import parse_simulation, simulation_json
