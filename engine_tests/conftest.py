@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.db.bridge import Connection, asyncio_loop, connect
 from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import replace_database

@@ -34,8 +34,8 @@ class Scenario:
 
 
 def _scenarios() -> dict[str, Scenario]:
-    from engine.bench.chaos import TARGETS as CHAOS_TARGETS
-    from engine.bench.chaos import run_chaos_bench
+    from engine.bench.chaos.scenarios import TARGETS as CHAOS_TARGETS
+    from engine.bench.chaos.scenarios import run_chaos_bench
     from engine.bench.http import TARGETS as HTTP_TARGETS
     from engine.bench.http import run_http_bench
     from engine.bench.inflight import TARGETS as INFLIGHT_TARGETS

@@ -1,8 +1,8 @@
 """``python -m engine bench soak --minutes M``: steady load for M minutes at the production lease
 settings, with a random fault every few tens of seconds.
 
-Three worker processes (the chaos workers of :mod:`engine.bench.chaos`: the full service, a
-simulated upstream whose every submission is first written to a ledger) run on a private
+Three worker processes (the chaos workers of :mod:`engine.bench.chaos.worker`: the full service,
+a simulated upstream whose every submission is first written to a ledger) run on a private
 embedded server, with the engine's default intervals: 60 s task leases renewed every 20 s,
 heartbeats every 5 s, stale after 45 s, a recovery round every 15 s (whatever the defaults say,
 read from the configuration). The bench submits about 2 tasks a second, each about 10 s long
@@ -54,22 +54,23 @@ from typing import Any
 
 import trio
 
-from engine.bench.chaos import (
-    _IDENTITY,
-    _MODEL,
+from engine.bench.chaos.faults import backend_kill, postgres_restart
+from engine.bench.chaos.harness import (
+    bench_databases,
+    private_server,
+    spawn_worker,
+    stop_workers,
+    submit,
+    wait_final,
+)
+from engine.bench.chaos.report import submitted_twice
+from engine.bench.chaos.run import (
+    IDENTITY,
+    MODEL,
     ChaosRun,
     ChaosScenario,
     WorkerProcess,
-    _backend_kill,
-    _postgres_restart,
-    _private_server,
-    _spawn_worker,
-    _stop_workers,
-    _submit,
-    _wait_final,
-    bench_databases,
     production_settings,
-    submitted_twice,
 )
 from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.config import load_config
@@ -151,9 +152,9 @@ class _Soak:
         assert self.nursery is not None
         proxy: TcpProxy = await self.nursery.start(self._serve_proxy, self.run.url)
         real = self.run.url
-        self.run.url = proxy.url(real)  # _spawn_worker hands run.url to the worker
+        self.run.url = proxy.url(real)  # spawn_worker hands run.url to the worker
         try:
-            worker = await _spawn_worker(self.run, index)
+            worker = await spawn_worker(self.run, index)
         finally:
             self.run.url = real
         self.proxies[worker.instance_id] = proxy
@@ -171,15 +172,15 @@ class _Soak:
         while time.monotonic() < until:
             batch = [
                 TaskRequest(
-                    model=_MODEL,
+                    model=MODEL,
                     payload={"n": n + i},
-                    identity=_IDENTITY,
+                    identity=IDENTITY,
                     run_mode=RunMode.SIMULATION,
                 )
                 for i in range(max(1, round(_RATE)))
             ]
             n += len(batch)
-            await _submit(self.run, batch, patience=120.0)
+            await submit(self.run, batch, patience=120.0)
             await trio.sleep_until(start + n / _RATE)
 
     async def faults_loop(self, until: float) -> None:
@@ -208,9 +209,9 @@ class _Soak:
                 await self.spawn(index)
                 index += 1
             elif kind == "postgres_restart":
-                await _postgres_restart(self.run)
+                await postgres_restart(self.run)
             elif kind == "backend_kill":
-                await _backend_kill(self.run)
+                await backend_kill(self.run)
             else:
                 worker = self.rng.choice(self.run.alive())
                 proxy = self.proxies[worker.instance_id]
@@ -254,7 +255,7 @@ async def run_soak_bench(
     bound += defaults.recovery.interval + 10.0
     async with AsyncExitStack() as stack:
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="engine-soak-")))
-        server = await stack.enter_async_context(_private_server())
+        server = await stack.enter_async_context(private_server())
         dbs = await stack.enter_async_context(
             bench_databases(server.dsn("postgres"), admin_url, prefix="engine_soak_")
         )
@@ -271,7 +272,7 @@ async def run_soak_bench(
         )
         soak = _Soak(run, seconds, seed)
         soak.bound = bound
-        stack.push_async_callback(_stop_workers, run)
+        stack.push_async_callback(stop_workers, run)
         async with trio.open_nursery() as proxies:
             soak.nursery = proxies
             soak.witness = await soak.spawn(0)
@@ -284,10 +285,10 @@ async def run_soak_bench(
                 async with trio.open_nursery() as load:
                     load.start_soon(soak.arrivals, until)
                     load.start_soon(soak.faults_loop, until)
-                await _wait_final(run, trio.current_time() + bound + 60.0)
+                await wait_final(run, trio.current_time() + bound + 60.0)
                 sampling.cancel_scope.cancel()
             figures = await _figures(soak)
-            await _stop_workers(run)
+            await stop_workers(run)
             proxies.cancel_scope.cancel()
     return figures
 
@@ -329,4 +330,3 @@ async def _figures(soak: _Soak) -> dict[str, float]:
         "rss_growth_mb_per_hour": round(_slope_per_hour(after), 2),
     }
     return figures
-

@@ -434,7 +434,7 @@ def _external_server_error(config: EngineConfig, command: str) -> int:
 
 
 def _cmd_db_start(config: EngineConfig) -> int:
-    from engine.db import embedded
+    from engine import embedded
     from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
 
     data_dir = embedded_data_dir(config)
@@ -450,7 +450,7 @@ def _cmd_db_start(config: EngineConfig) -> int:
 
 
 def _cmd_db_stop(config: EngineConfig) -> int:
-    from engine.db import embedded
+    from engine import embedded
     from engine.db.resolve import embedded_data_dir
 
     print(embedded.stop(embedded_data_dir(config)))
@@ -458,7 +458,7 @@ def _cmd_db_stop(config: EngineConfig) -> int:
 
 
 def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
-    from engine.db import embedded
+    from engine import embedded
     from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir
 
     st = embedded.status(embedded_data_dir(config))
@@ -493,7 +493,7 @@ def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
 
 
 def _cmd_db_url(config: EngineConfig) -> int:
-    from engine.db import embedded
+    from engine import embedded
     from engine.db.dsn import replace_database
     from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
 

@@ -7,7 +7,7 @@
   ``coordination_url`` / ``queue_url``, each defaulting to ``database.url``. Nothing is started
   and nothing is created: an external database is the operator's to provision.
 * ``database.url`` unset: the embedded server in ``data_dir`` (default
-  :func:`~engine.db.embedded.default_data_dir`) is held for the block, the database
+  :func:`~engine.embedded.default_data_dir`) is held for the block, the database
   :data:`ENGINE_DATABASE` is created on it if missing, and all three roles use it. The role URLs
   ``tasks_url`` etc. are ignored then: they only make sense next to an external ``url``.
   Leaving the block releases the server, which stops it when this was the last process holding
@@ -30,8 +30,8 @@ from typing import Final
 
 import trio
 
+from engine import embedded
 from engine.config import EngineConfig
-from engine.db import embedded
 from engine.db.bridge import asyncio_loop, connect
 from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact, replace_database

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.errors import EmbeddedPostgresError
 
 __all__ = ["watch_embedded"]

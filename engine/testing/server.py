@@ -14,10 +14,10 @@ disk, and losing it is harmless), else in the temporary directory. It is removed
 session ends; one left by a session that was killed is removed (its server stopped) by a later
 session once no live process holds it.
 
-**The ready cluster.** ``initdb`` and the template's migrations are most of a session's set-up,
-and their result is the same every time for the same PostgreSQL binaries and the same
-migrations. So the first session keeps a copy of its cluster, cleanly stopped, template
-included, in a cache directory (``ENGINE_TEST_CACHE_DIR``, default
+**The ready cluster** (:mod:`engine.testing.seeds`). ``initdb`` and the template's migrations
+are most of a session's set-up, and their result is the same every time for the same PostgreSQL
+binaries and the same migrations. So the first session keeps a copy of its cluster, cleanly
+stopped, template included, in a cache directory (``ENGINE_TEST_CACHE_DIR``, default
 ``$XDG_CACHE_HOME/engine/testing`` or ``~/.cache/engine/testing``; ``off`` disables it), under a
 key made of the binaries (path, size, modification time), the migrations' text and the user id.
 Later sessions copy it and start the copy: each session still owns a private server, and the
@@ -31,12 +31,10 @@ copy the key missed a change for is brought up to date.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import queue
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -48,13 +46,13 @@ from typing import Final, TypeVar
 
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.db.bridge import Connection, asyncio_loop, connect
 from engine.db.dsn import redact, replace_database
 from engine.db.migrate import migrate
 from engine.db.resolve import quote_identifier
-from engine.db.sqlfiles import load_migrations
 from engine.errors import leaves
+from engine.testing.seeds import copy_tree, publish_seed, seed_path
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -76,11 +74,6 @@ CACHE_DIR_ENV: Final = "ENGINE_TEST_CACHE_DIR"
 #: The template's name on an embedded server (one server per session: the name is free).
 TEMPLATE_DATABASE: Final = "engine_template"
 
-# Bumped when what a ready cluster holds changes in a way the key does not see.
-_SEED_FORMAT: Final = "1"
-_SEED_PREFIX: Final = "seed-"
-#: Ready clusters of other keys unused this long are removed.
-_SEED_MAX_AGE: Final = 7 * 86400.0
 #: /dev/shm is used only with this much room left (a test database takes ~8 MB).
 _SHM_MIN_FREE: Final = 1 << 30
 _SHM: Final = Path("/dev/shm")
@@ -433,7 +426,7 @@ def _make_data_dir() -> Path:
 
 
 def _embedded(cache: Path | None) -> SessionServer:
-    seed = None if cache is None else cache / f"{_SEED_PREFIX}{seed_key()}"
+    seed = None if cache is None else seed_path(cache)
     if seed is not None and seed.is_dir():
         # Twice: a copy can fail to start for a passing reason (its port taken a moment by
         # another server); only one that fails again is broken and replaced.
@@ -463,7 +456,7 @@ def _embedded(cache: Path | None) -> SessionServer:
             # Cleanly stopped, the cluster is what a later session can start from; this one
             # starts it again (no initdb this time).
             handle.release()
-            _publish_seed(data_dir, seed)
+            publish_seed(data_dir, seed)
             handle = _acquire(data_dir)
     except BaseException:
         _discard(data_dir, handle)
@@ -519,96 +512,3 @@ def _start_from_seed(seed: Path) -> SessionServer:
     except OSError:
         pass
     return _session(data_dir, handle, from_cache=True)
-
-
-def _publish_seed(data_dir: Path, seed: Path) -> None:
-    """Keep a copy of the stopped cluster in ``data_dir`` as ``seed``. A failure only costs
-    the cache (logged); another session publishing first is no failure."""
-    try:
-        if embedded.status(data_dir).running:
-            return  # only a stopped cluster is a consistent copy
-    except Exception as exc:  # cannot even tell (its binaries out of reach): no copy
-        log.info(
-            "the test cluster was not kept for later sessions",
-            extra={"event": "testing_seed_not_kept", "error": repr(exc)},
-        )
-        return
-    cache = seed.parent
-    try:
-        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _prune_seeds(cache, keep=seed.name)
-        incoming = Path(tempfile.mkdtemp(prefix=".incoming-", dir=cache))
-        try:
-            copy_tree(data_dir, incoming)
-            _flush_tree(incoming)
-            os.rename(incoming, seed)  # atomic; fails if another session published first
-        except OSError:
-            shutil.rmtree(incoming, ignore_errors=True)
-            if not seed.is_dir():
-                raise
-    except OSError as exc:
-        log.warning(
-            "could not cache the test cluster",
-            extra={"event": "testing_seed_skipped", "cache": str(cache), "error": repr(exc)},
-        )
-
-
-def seed_key() -> str:
-    """The ready cluster's key: the server binaries, the migrations, the user and the format."""
-    postgres = embedded.find_bindir() / "postgres"
-    st = postgres.stat()
-    digest = hashlib.sha256()
-    for part in (_SEED_FORMAT, str(postgres), str(st.st_size), str(st.st_mtime_ns),
-                 str(os.geteuid())):  # fmt: skip
-        digest.update(part.encode() + b"\0")
-    for migration in load_migrations():
-        digest.update(f"{migration.version}:{migration.name}\0{migration.sql}\0".encode())
-    return digest.hexdigest()[:20]
-
-
-def _prune_seeds(cache: Path, *, keep: str) -> None:
-    """Remove ready clusters of other keys that no session used for a week."""
-    now = time.time()
-    for entry in cache.iterdir():
-        if entry.name == keep:
-            continue
-        stale = entry.name.startswith(".incoming-") or entry.name.startswith(_SEED_PREFIX)
-        try:
-            if stale and now - entry.stat().st_mtime > _SEED_MAX_AGE:
-                shutil.rmtree(entry, ignore_errors=True)
-        except OSError:
-            pass
-
-
-def copy_tree(src: Path, dst: Path) -> None:
-    """Copy the contents of ``src`` into the existing directory ``dst``, keeping modes, times
-    and, as root, owners (the cluster belongs to the server's user). ``cp -a`` when there is
-    one (the faster), else Python's copy."""
-    cp = shutil.which("cp")
-    if cp is not None:
-        subprocess.run([cp, "-a", f"{src}/.", str(dst)], check=True, capture_output=True)
-        return
-    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
-    if os.geteuid() == 0:
-        for root, dirs, files in os.walk(src):
-            for name in [*dirs, *files]:
-                source = Path(root, name)
-                st = source.lstat()
-                os.lchown(dst / source.relative_to(src), st.st_uid, st.st_gid)
-
-
-def _flush_tree(path: Path) -> None:
-    """fsync every file and directory under ``path``: the cluster runs with fsync off, and
-    the cached copy must survive a crash of the machine whole or not at all."""
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

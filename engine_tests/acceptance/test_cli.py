@@ -37,10 +37,10 @@ import pytest
 import trio
 
 import engine
+from engine import embedded
 from engine._version import __version__
 from engine.cli import main as cli
 from engine.config import load_config
-from engine.db import embedded
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
 from engine.db.resolve import (

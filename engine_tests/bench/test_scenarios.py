@@ -8,13 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.bench.chaos import _Execution, _running_over_limit
+from engine.bench.chaos.scope_limits import AdmittedExecution, running_over_limit
 from engine.bench.load import TARGETS as LOAD_TARGETS
 from engine.bench.load import run_load_bench
-from engine.bench.resize import (
-    TARGETS as RESIZE_TARGETS,
-)
-from engine.bench.resize import (
+from engine.bench.resize import TARGETS as RESIZE_TARGETS
+from engine.bench.resize import run_resize_bench
+from engine.bench.resize_analysis import (
     Execution,
     RegistrySample,
     applied_converge_time,
@@ -22,7 +21,6 @@ from engine.bench.resize import (
     even_split,
     executions_from_events,
     over_allocation,
-    run_resize_bench,
 )
 from engine.bench.river_indexes import run_river_indexes_bench
 from engine.bench.worker import parse_simulation, simulation_json
@@ -104,26 +102,28 @@ def test_applied_converge_time_follows_the_claim_limit_records() -> None:
     assert found == pytest.approx(0.3)
 
 
-def _span(model: str, start: float, end: float) -> _Execution:
+def _span(model: str, start: float, end: float) -> AdmittedExecution:
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    return _Execution(model, None, at + timedelta(seconds=start), at + timedelta(seconds=end))
+    return AdmittedExecution(
+        model, None, at + timedelta(seconds=start), at + timedelta(seconds=end)
+    )
 
 
 def test_scope_sweep_tells_a_hand_over_from_a_task_running_without_its_slot() -> None:
     limits = {"model:m": 1}
     # The next task's start stamped 3 ms before the previous one's end: a hand-over.
     handover = [_span("m", 0.0, 1.0), _span("m", 0.997, 2.0)]
-    sweep = _running_over_limit(handover, limits)
+    sweep = running_over_limit(handover, limits)
     assert (sweep.excesses, sweep.boundary_overlaps, sweep.peaks) == (0, 1, {"model:m": 1})
     assert sweep.longest == pytest.approx(0.003)
     # Two tasks side by side for 0.4 s: a real excess, and the peak shows it.
-    breach = _running_over_limit([_span("m", 0.0, 1.0), _span("m", 0.6, 2.0)], limits)
+    breach = running_over_limit([_span("m", 0.0, 1.0), _span("m", 0.6, 2.0)], limits)
     assert (breach.excesses, breach.boundary_overlaps, breach.peaks) == (1, 0, {"model:m": 2})
     assert breach.longest == pytest.approx(0.4)
     # Ends sort before starts at the same instant; an unlimited model is not swept.
-    exact = _running_over_limit([_span("m", 0.0, 1.0), _span("m", 1.0, 2.0)], limits)
+    exact = running_over_limit([_span("m", 0.0, 1.0), _span("m", 1.0, 2.0)], limits)
     assert (exact.excesses, exact.boundary_overlaps) == (0, 0)
-    assert _running_over_limit([_span("free", 0.0, 1.0)] * 3, limits).peaks == {}
+    assert running_over_limit([_span("free", 0.0, 1.0)] * 3, limits).peaks == {}
 
 
 def test_simulation_json_round_trips() -> None:

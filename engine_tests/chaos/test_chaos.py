@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.chaos import CHAOS_SCENARIOS, ChaosScenario, run_chaos_scenario, scenario_targets
+from engine.bench.chaos.report import scenario_targets
+from engine.bench.chaos.run import ChaosScenario
+from engine.bench.chaos.scenarios import CHAOS_SCENARIOS, run_chaos_scenario
 from engine.bench.common import check_targets
 
 #: Failed tasks are a wrong outcome (the simulated upstream never fails) but not a target of

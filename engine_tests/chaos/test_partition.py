@@ -30,7 +30,8 @@ import attrs
 import pytest
 import trio
 
-from engine.bench.chaos import WORKER_SETTINGS, Monitor, _private_server, bench_databases
+from engine.bench.chaos.harness import bench_databases, private_server
+from engine.bench.chaos.run import WORKER_SETTINGS, Monitor
 from engine.bench.proxy import TcpProxy, tcp_proxy
 from engine.db.bridge import connect
 from engine.domain.tasks import Identity, RunMode, TaskRequest
@@ -122,7 +123,7 @@ async def _spawn(
     db_proxy = await nursery.start(_forward, url, ns.db_host)
     ledger_proxy = await nursery.start(_forward, ledger_url, ns.upstream_host)
     upstream_proxy = await nursery.start(_forward, upstream_url, ns.upstream_host)
-    cmd = [sys.executable, "-m", "engine.bench.chaos_worker", "--url", db_proxy.url(url),
+    cmd = [sys.executable, "-m", "engine.bench.chaos.worker", "--url", db_proxy.url(url),
            "--ledger-url", ledger_proxy.url(ledger_url), "--config", str(config)]  # fmt: skip
     for key, value in WORKER_SETTINGS.items():
         cmd += ["--set", f"{key}={value}"]
@@ -147,7 +148,7 @@ async def cluster(admin_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     """Three workers in namespaces on a private server, a fake upstream, a client."""
     async with AsyncExitStack() as stack:
         spaces = stack.enter_context(netns.namespaces(3))
-        server = await stack.enter_async_context(_private_server())
+        server = await stack.enter_async_context(private_server())
         dbs = await stack.enter_async_context(
             bench_databases(server.dsn("postgres"), admin_url, prefix="engine_part_")
         )

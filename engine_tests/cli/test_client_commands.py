@@ -337,7 +337,7 @@ async def test_an_existing_cluster_is_started_for_the_command_and_stopped_after(
     import shutil
     import tempfile
 
-    from engine.db import embedded
+    from engine import embedded
 
     # As root the server runs as another user, who must be able to enter the directory.
     data_dir = Path(tempfile.mkdtemp(prefix="engine-test-cli-"))

@@ -51,7 +51,7 @@ async def test_listener_relistens_after_the_server_restarts(aio_loop: None) -> N
     import tempfile
     from pathlib import Path
 
-    from engine.db import embedded
+    from engine import embedded
     from engine.db.bridge import connect
 
     def start() -> tuple[embedded.EmbeddedServer, Path]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.domain.tasks import TaskStatus
 from engine.service.root import open as open_engine
 from engine_tests.tasks.conftest import make_config, request

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.db.database import DatabaseUrls
 from engine.domain.tasks import TaskStatus
 from engine.service.engine import Engine

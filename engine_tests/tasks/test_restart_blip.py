@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from engine.db import embedded
+from engine import embedded
 from engine.domain.tasks import TaskStatus
 from engine.errors import DatabaseError
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig

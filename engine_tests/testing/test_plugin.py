@@ -146,13 +146,13 @@ def test_loading_the_plugin_starts_nothing(tmp_path: Path) -> None:
         """
         import threading
 
-        from engine.db import embedded
+        from engine.embedded import holders
 
 
         def test_nothing_runs(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("engine.testing.plugin")
             assert [t.name for t in threading.enumerate()] == ["MainThread"]
-            assert embedded._registry == {}  # no embedded server held
+            assert holders._registry == {}  # no embedded server held
         """,
     )
     assert "1 passed" in _pytest(project, "-p", PLUGIN)

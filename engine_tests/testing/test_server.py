@@ -15,21 +15,19 @@ import pytest
 import trio
 
 import engine
-from engine.db import embedded
+from engine import embedded
 from engine.db.bridge import connect
 from engine.db.dsn import replace_database
 from engine.errors import DatabaseError
 from engine.testing import clone_database, start_session_server
+from engine.testing.seeds import copy_tree, publish_seed, seed_key
 from engine.testing.server import (
     CACHE_DIR_ENV,
     TEMPLATE_DATABASE,
     SessionServer,
     _prune_scratch,
-    _publish_seed,
     _scratch_root,
     cache_dir,
-    copy_tree,
-    seed_key,
 )
 
 
@@ -99,7 +97,7 @@ async def test_a_ready_cluster_is_kept_and_started_from(
     other = tmp_path.parent / "other"
     await trio.to_thread.run_sync(other.mkdir)
     await trio.to_thread.run_sync(copy_tree, seed, other)
-    await trio.to_thread.run_sync(_publish_seed, other, seed)
+    await trio.to_thread.run_sync(publish_seed, other, seed)
     assert os.listdir(tmp_path) == [seed.name]
     assert sorted(p.name for p in (seed / "pgdata").iterdir()) == before
 
@@ -253,6 +251,6 @@ def test_a_killed_sessions_data_directory_is_removed_later() -> None:
 
 
 _HOLD = (
-    "from engine.db import embedded; embedded.acquire({path!r}, unsafe_fast=True); "
+    "from engine import embedded; embedded.acquire({path!r}, unsafe_fast=True); "
     "print('up', flush=True); import time; time.sleep(600)"
 )

@@ -31,13 +31,11 @@ import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from engine.bench.chaos.faults import kill_busiest
+from engine.bench.chaos.run import ChaosRun, FaultReport
 from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.http.fake import Dials, FakeUpstream, serve_upstream
-
-if TYPE_CHECKING:
-    from engine.bench.chaos import ChaosRun, FaultReport
 
 __all__ = [
     "IDEMPOTENT_MODEL",
@@ -119,8 +117,6 @@ def upstream_requests(model: str) -> Callable[[int], list[TaskRequest]]:
 async def kill_mid_submission(run: ChaosRun) -> FaultReport:
     """SIGKILL the live worker with the most submissions in flight (waiting up to 10 s for
     one), then count what it left: submissions started with no reference recorded."""
-    from engine.bench.chaos import FaultReport, kill_busiest
-
     victim, _, at = await kill_busiest(
         run, counting="submitted_at IS NOT NULL AND upstream_ref IS NULL", poll=0.02
     )
@@ -141,8 +137,7 @@ async def evaluate_upstream(run: ChaosRun) -> dict[str, float]:
         job.body.get("n") if isinstance(job.body, dict) else None for job in fake.accepted
     )
     review = await run.monitor.fetchval(
-        "SELECT count(*) FROM engine_task WHERE id = ANY($1::uuid[])"
-        " AND status = 'manual_review'",
+        "SELECT count(*) FROM engine_task WHERE id = ANY($1::uuid[]) AND status = 'manual_review'",
         run.submitted,
     )
     in_flight = run.notes.get("in_flight_at_kill", 0)

