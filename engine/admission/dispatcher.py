@@ -23,20 +23,18 @@ import trio
 
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, Pool, Record
+from engine.db.channels import ADMISSION
 from engine.db.database import Database
-from engine.db.listen import Listener
+from engine.db.listen import ListenHub, wakeup
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.queue.insert import InsertParams, insert_tx, prepare
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.submit import task_insert_opts
 
-__all__ = ["ADMISSION_CHANNEL", "DispatchReport", "Dispatcher"]
+__all__ = ["DispatchReport", "Dispatcher"]
 
 log = logging.getLogger(__name__)
-
-#: NOTIFY channel: a scope slot was released; dispatch now.
-ADMISSION_CHANNEL = "engine_admission"
 
 _LOCK_DISPATCH = "SELECT pg_advisory_xact_lock(hashtext('engine.dispatch'))"
 _SCOPE_LOCK = QUERIES["scope_lock"]
@@ -61,7 +59,11 @@ class DispatchReport:
 
 
 class Dispatcher:
-    """Admits waiting tasks; see the module docstring."""
+    """Admits waiting tasks; see the module docstring.
+
+    ``hub``: the process's LISTEN connection, whose ``engine_admission`` wakes a round (None:
+    ticks only).
+    """
 
     def __init__(
         self,
@@ -70,7 +72,9 @@ class Dispatcher:
         notify_channel: str | None = None,
         *,
         batch: int = 1000,
+        hub: ListenHub | None = None,
     ) -> None:
+        self.hub = hub
         self.config = config
         self.db = db
         self.notify_channel = notify_channel
@@ -129,19 +133,9 @@ class Dispatcher:
         return len(rows)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Dispatch until cancelled; ``started()`` once listening."""
-        listener = Listener(self.db.tasks.listen_dsn, [ADMISSION_CHANNEL])
+        """Dispatch until cancelled; ``started()`` once subscribed to ``engine_admission``."""
         cfg = self.config.admission
-        async with trio.open_nursery() as nursery:
-            await nursery.start(listener.run)
-            wake = trio.Event()
-
-            async def forward() -> None:
-                nonlocal wake
-                async for _ in listener.receive:
-                    wake.set()
-
-            nursery.start_soon(forward)
+        with wakeup(self.hub, ADMISSION) as wake:
             task_status.started()
             next_reap = trio.current_time()
             while True:
@@ -157,7 +151,6 @@ class Dispatcher:
                     )
                 with trio.move_on_after(cfg.dispatch_interval):
                     await wake.wait()
-                wake = trio.Event()
 
 
 def _task_job(config: EngineConfig, task_id: uuid.UUID, row: Record | None) -> InsertParams:

@@ -37,8 +37,9 @@ from engine.capacity.registry import (
 from engine.capacity.room import GenerationRoom, ShutdownPolicy
 from engine.capacity.snapshot import CapacitySnapshot
 from engine.config import EngineConfig
+from engine.db.channels import CATALOG
 from engine.db.database import Database
-from engine.db.listen import Listener
+from engine.db.listen import ListenHub, wakeup
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.load.controller import LoadController
@@ -48,15 +49,12 @@ from engine.queue.client import QueueClient
 from engine.queue.generation import MAX_WORKERS
 from engine.queue.slots import SlotPool
 
-__all__ = ["CATALOG_CHANNEL", "FAILURES_NOT_READY", "CapacityRefresher"]
+__all__ = ["FAILURES_NOT_READY", "CapacityRefresher"]
 
 _NOTIFY_INSTANCES = "SELECT pg_notify($1, 'instances')"
 _REACTIVATE = QUERIES["worker_instance_reactivate"]
 
 log = logging.getLogger(__name__)
-
-#: NOTIFY channel: the catalogue or the set of instances changed; refresh now.
-CATALOG_CHANNEL = "engine_catalog"
 
 #: Failed refreshes in a row after which the instance reports itself not ready: one failure is
 #: a blip (the current generation keeps running), three mean the share is no longer known.
@@ -84,10 +82,13 @@ class CapacityRefresher:
         args_filter: tuple[str, tuple[str, ...]] | None = None,
         models: tuple[str, ...] | None = None,
         on_state: Callable[[str, bool], None] | None = None,
+        hub: ListenHub | None = None,
     ) -> None:
         """``on_state(condition, ok)`` after every refresh, for readiness: ``capacity_refresh``
         is false after :data:`FAILURES_NOT_READY` failed refreshes in a row, ``generation``
-        while this instance has a share but no generation running it."""
+        while this instance has a share but no generation running it. ``hub``: the process's
+        LISTEN connection, whose ``engine_catalog`` wakes a refresh (None: ticks only)."""
+        self.hub = hub
         self.config = config
         self.db = db
         self.queue = queue
@@ -151,7 +152,7 @@ class CapacityRefresher:
             and allocation.active_instances != self.allocation.active_instances
         ):
             # Others learn at once that the split changed (the reference only polls).
-            await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG_CHANNEL)
+            await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG)
         return snapshot, allocation
 
     async def refresh_once(self) -> str:
@@ -225,7 +226,7 @@ class CapacityRefresher:
         with trio.move_on_after(self.config.worker.mark_draining_timeout, shield=True):
             try:
                 if await mark_draining(self.db.coordination, self.queue.instance_id):
-                    await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG_CHANNEL)
+                    await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG)
             except DatabaseError as exc:
                 log.warning(
                     "could not mark the instance draining",
@@ -237,12 +238,10 @@ class CapacityRefresher:
         registered and its first generation, if any, is fetching). On the way out, by
         cancellation or a crash, the instance is marked draining and the room closed by the
         shutdown policy."""
-        listener = Listener(self.db.coordination.listen_dsn, [CATALOG_CHANNEL])
         async with trio.open_nursery() as nursery:
             await nursery.start(self.room.run)
             try:
-                await nursery.start(listener.run)
-                nursery.start_soon(self._forward, listener)
+                await nursery.start(self._forward)
                 await self.db.coordination.execute(_REACTIVATE, self.queue.instance_id)
                 await self.refresh_once()
                 task_status.started()
@@ -257,6 +256,11 @@ class CapacityRefresher:
                     await self.room.close(self.policy)
                 nursery.cancel_scope.cancel(reason="capacity refresher stopped")
 
-    async def _forward(self, listener: Listener) -> None:
-        async for _note in listener.receive:
-            self.wake()
+    async def _forward(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Wake a refresh on every ``engine_catalog`` notification (and after a reconnect of
+        the hub); ``started()`` once subscribed."""
+        with wakeup(self.hub, CATALOG) as catalog:
+            task_status.started()
+            while True:
+                await catalog.wait()
+                self.wake()

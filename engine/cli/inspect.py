@@ -125,7 +125,6 @@ import trio
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from engine.capacity.refresher import CATALOG_CHANNEL
 from engine.capacity.registry import InstanceInfo, list_instances, load_capacity, unserved_models
 from engine.cli.args import CommandFn, format_interval, positive_int, task_id_arg
 from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK
@@ -141,6 +140,7 @@ from engine.cli.render import (
 )
 from engine.config import EngineConfig
 from engine.db.bridge import Record, asyncio_loop
+from engine.db.channels import CATALOG
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import redact
 from engine.db.migrate import pending_migrations
@@ -1100,7 +1100,7 @@ async def _cmd_models_delete(eng: Engine, args: argparse.Namespace) -> int:
     unfinished = int(await eng.db.tasks.fetchval(_UNFINISHED_FOR_MODEL, name))
     if unfinished:
         raise _refuse_delete("model", name, unfinished, f"--model {printable(name)}")
-    row = await eng.db.coordination.fetchrow(_MODEL_DELETE, name, CATALOG_CHANNEL)
+    row = await eng.db.coordination.fetchrow(_MODEL_DELETE, name, CATALOG)
     if row is None:  # someone else deleted it meanwhile
         raise EngineError(f"no model named {printable(name)!r} (see `models list`)")
     if args.json:
@@ -1117,7 +1117,7 @@ async def _cmd_groups_delete(eng: Engine, args: argparse.Namespace) -> int:
     unfinished = int(await eng.db.tasks.fetchval(_UNFINISHED_FOR_GROUP, key))
     if unfinished:
         raise _refuse_delete("group", key, unfinished, "--status queued")
-    row = await eng.db.coordination.fetchrow(_GROUP_DELETE, key, CATALOG_CHANNEL)
+    row = await eng.db.coordination.fetchrow(_GROUP_DELETE, key, CATALOG)
     if row is None:
         raise EngineError(f"no group named {printable(key)!r} (see `groups list`)")
     if args.json:

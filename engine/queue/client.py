@@ -2,11 +2,12 @@
 
 A :class:`QueueClient` is made by :func:`make_queue_client` and runs three services: the
 completer (:meth:`QueueClient.run_completer`, shielded: it outlives every generation and flushes
-their last outcomes), the notifier (:meth:`QueueClient.run_notifier`: LISTEN, fanned out to
-producers and to control messages) and, when the process executes jobs, the leader elector with
-its maintenance (:meth:`QueueClient.make_elector`). It *makes* generations
-(:meth:`QueueClient.make_generation`); whoever sizes them runs them in its own nursery (the
-service's capacity source, ``engine.capacity``).
+their last outcomes), the notifier (:meth:`QueueClient.run_notifier`: River's channels on the
+process's one LISTEN connection, fanned out to producers and to control messages) and, when
+the process executes jobs, the leader elector with its maintenance
+(:meth:`QueueClient.make_elector`). It *makes* generations (:meth:`QueueClient.make_generation`);
+whoever sizes them runs them in its own nursery (the service's capacity source,
+``engine.capacity``).
 
 :func:`open_queue` is the queue on its own, as River's client is: the three services and a
 nursery for generations started with :meth:`QueueClient.start_generation`. Leaving the block
@@ -15,7 +16,7 @@ completer make its last flush::
 
     services nursery
     ├── completer          shielded; ends when every generation's channel clone is closed
-    ├── notifier           LISTEN, fan-out to producers and control
+    ├── notifier           LISTEN (its own connection), fan-out to producers and control
     ├── elector            leader only: scheduler, cleaner
     └── generations nursery
         ├── generation 1   fetch scope ⊂ work scope
@@ -40,7 +41,9 @@ import trio
 
 from engine.config import QueueConfig
 from engine.db.bridge import Connection
+from engine.db.channels import RiverChannels, river_channels
 from engine.db.database import Database
+from engine.db.listen import ListenHub
 from engine.db.sqlfiles import QUERIES
 from engine.queue.completer import Completer, CompleterConfig
 from engine.queue.elector import Elector, ElectorConfig
@@ -48,7 +51,7 @@ from engine.queue.generation import Generation, GenerationConfig
 from engine.queue.insert import InsertParams, insert, insert_many, insert_tx, prepare
 from engine.queue.job import InsertOpts, InsertResult, Job
 from engine.queue.maintenance import CleanerConfig, JobCleaner, JobScheduler, SchedulerConfig
-from engine.queue.notifier import Channels, Notifier, notify_queues
+from engine.queue.notifier import Notifier, notify_queues
 from engine.queue.slots import SlotPool
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
@@ -64,7 +67,6 @@ _RETRY = QUERIES["job_retry"]
 _PAUSE = QUERIES["queue_pause"]
 _RESUME = QUERIES["queue_resume"]
 _COUNTS = QUERIES["job_count_by_state"]
-_SCHEMA = "SELECT current_schema()"
 _NOTIFY = "SELECT pg_notify($1, $2)"
 
 
@@ -87,7 +89,7 @@ class QueueClient:
         *,
         workers: Workers | None,
         instance_id: str,
-        channels: Channels,
+        channels: RiverChannels,
         notifier: Notifier,
         completer: Completer,
         slots: SlotPool,
@@ -312,7 +314,9 @@ class QueueClient:
     async def run_notifier(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run the notifier with this client's control handler (remote job cancels)."""
+        """Run the notifier (River's channels on the process's LISTEN connection, fanned out to
+        producers and leadership) with this client's control handler (remote job cancels); a
+        client made without a hub runs its own hub here."""
         with self.notifier.subscribe_control(self._on_control):
             await self.notifier.run(task_status=task_status)
 
@@ -344,11 +348,16 @@ async def make_queue_client(
     workers: Workers | None = None,
     instance_id: str | None = None,
     slots: SlotPool | None = None,
+    hub: ListenHub | None = None,
 ) -> QueueClient:
     """A queue client on ``db``; with ``workers`` it can execute jobs. Its services are not
-    running yet (see the module docstring)."""
-    schema = await db.queue.fetchval(_SCHEMA)
-    channels = Channels.for_schema(schema)
+    running yet (see the module docstring).
+
+    ``hub``: the process's LISTEN connection, which must listen on River's channels and which
+    its maker runs (the service's records layer). Without one the client makes its own, on
+    River's channels only, run by :meth:`QueueClient.run_notifier`.
+    """
+    channels = await river_channels(db.queue)
     completer = Completer(
         db.queue,
         CompleterConfig(
@@ -367,7 +376,9 @@ async def make_queue_client(
         workers=workers,
         instance_id=instance_id or make_instance_id(),
         channels=channels,
-        notifier=Notifier(db.queue.listen_dsn, channels),
+        notifier=Notifier(
+            hub or ListenHub(db.queue.listen_dsn, channels.all), channels, runs_hub=hub is None
+        ),
         completer=completer,
         slots=slots or SlotPool(math.inf),
     )

@@ -1,9 +1,17 @@
-"""One LISTEN connection per process, fanned out to the producers and services that care.
+"""River's notifications, fanned out to the producers and services that care.
 
-River's channel names are kept (``<schema>.river_insert``, ``<schema>.river_control``,
-``<schema>.river_leadership``) so a Go River client on the same database wakes ours and ours
-wakes it. Subscribers get a coalescing wake-up (a buffer-1 channel written with ``send_nowait``):
-ten notifications while a producer is busy become one fetch.
+The process has one LISTEN connection (:class:`~engine.db.listen.ListenHub`); the queue's
+:class:`Notifier` subscribes to River's three channels on it (``<schema>.river_insert``,
+``<schema>.river_control``, ``<schema>.river_leadership``: River's names, so a Go River client on
+the same database wakes ours and ours wakes it, :class:`~engine.db.channels.RiverChannels`) and
+turns them into what the queue needs: a coalescing wake-up per queue for its producers (ten
+inserts while a producer is busy become one fetch), control messages (cancel, pause, resume),
+and a wake-up when a leader resigns. After a reconnect of the hub every producer and every
+elector is woken (a notification may have been missed).
+
+In the service the records layer runs the hub and hands it to the queue client; a queue on its
+own (:func:`engine.queue.client.open_queue`) makes a hub of its own, on River's channels, which
+its notifier runs.
 """
 
 from __future__ import annotations
@@ -15,33 +23,16 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import attrs
 import trio
 
 from engine.db.bridge import Connection, Pool
-from engine.db.listen import RESYNC, Listener
+from engine.db.channels import RiverChannels
+from engine.db.listen import RESYNC, ListenHub, Wakeup
 from engine.db.sqlfiles import QUERIES
 
-__all__ = ["Channels", "Notifier", "Wakeup", "insert_payload", "notify_queues"]
+__all__ = ["Notifier", "insert_payload", "notify_queues"]
 
 log = logging.getLogger(__name__)
-
-
-@attrs.frozen
-class Channels:
-    """The NOTIFY channel names in one schema."""
-
-    insert: str
-    control: str
-    leadership: str
-
-    @classmethod
-    def for_schema(cls, schema: str) -> Channels:
-        """River's names: ``<schema>.river_insert`` and friends."""
-        return cls(
-            f"{schema}.river_insert", f"{schema}.river_control", f"{schema}.river_leadership"
-        )
-
 
 _NOTIFY_MANY = QUERIES["queue_notify_many"]
 
@@ -59,37 +50,24 @@ async def notify_queues(db: Connection | Pool, channel: str, queues: Iterable[st
         await db.execute(_NOTIFY_MANY, channel, payloads)
 
 
-class Wakeup:
-    """A coalescing wake-up: any number of :meth:`set` calls wake one :meth:`wait`."""
-
-    def __init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[None](1)
-
-    def set(self) -> None:
-        """Wake the waiter (now or at its next wait); never blocks."""
-        try:
-            self._send.send_nowait(None)
-        except trio.WouldBlock:
-            pass
-
-    async def wait(self) -> None:
-        """Wait for the next wake-up."""
-        await self._receive.receive()
-
-    def clear(self) -> None:
-        """Forget a pending wake-up."""
-        try:
-            self._receive.receive_nowait()
-        except trio.WouldBlock:
-            pass
-
-
 class Notifier:
-    """The process's listener; subscribe per queue, or to control and leadership messages."""
+    """River's channels on the process's hub; subscribe per queue, or to control and
+    leadership messages.
 
-    def __init__(self, dsn: str | None, channels: Channels) -> None:
+    ``runs_hub``: :meth:`run` runs ``hub`` too (a queue on its own owns its LISTEN
+    connection); otherwise whoever made the hub runs it (the service's records layer).
+
+    Raises:
+        ValueError: ``hub`` does not listen on River's channels of ``channels``.
+    """
+
+    def __init__(self, hub: ListenHub, channels: RiverChannels, *, runs_hub: bool = False) -> None:
+        missing = [c for c in channels.all if c not in hub.channels]
+        if missing:
+            raise ValueError(f"the hub does not listen on River's channels {missing}")
+        self.hub = hub
         self.channels = channels
-        self.listener = Listener(dsn, [channels.insert, channels.control, channels.leadership])
+        self.runs_hub = runs_hub
         self._queue_wakeups: dict[str, set[Wakeup]] = defaultdict(set)
         self._control: set[Callable[[dict[str, Any]], None]] = set()
         self._leadership: set[Wakeup] = set()
@@ -133,32 +111,36 @@ class Notifier:
             wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen and dispatch until cancelled; ``started()`` once every LISTEN is in place."""
+        """Dispatch River's notifications until cancelled; ``started()`` once subscribed (and,
+        with ``runs_hub``, once every LISTEN is in place)."""
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.listener.run)
-            task_status.started()
-            async for note in self.listener.receive:
-                if note == RESYNC:
-                    self._wake_queue(None)
-                    for wakeup in list(self._leadership):
-                        wakeup.set()
-                    continue
-                try:
-                    message = json.loads(note.payload) if note.payload else {}
-                except ValueError:
-                    log.warning(
-                        "ignoring a malformed notification", extra={"payload": note.payload}
-                    )
-                    continue
-                if not isinstance(message, dict):
-                    continue
-                if note.channel == self.channels.insert:
-                    self._wake_queue(str(message.get("queue", "")))
-                elif note.channel == self.channels.control:
-                    if message.get("action") == "resume":
-                        self._wake_queue(str(message.get("queue", "")))
-                    for callback in list(self._control):
-                        callback(message)
-                elif note.channel == self.channels.leadership:
-                    for wakeup in list(self._leadership):
-                        wakeup.set()
+            with self.hub.subscribe(*self.channels.all) as notes:
+                if self.runs_hub:
+                    await nursery.start(self.hub.run)
+                task_status.started()
+                async for note in notes:
+                    self._dispatch(note.channel, note.payload, resync=note == RESYNC)
+
+    def _dispatch(self, channel: str, payload: str, *, resync: bool) -> None:
+        if resync:
+            self._wake_queue(None)
+            for wakeup in list(self._leadership):
+                wakeup.set()
+            return
+        try:
+            message = json.loads(payload) if payload else {}
+        except ValueError:
+            log.warning("ignoring a malformed notification", extra={"payload": payload})
+            return
+        if not isinstance(message, dict):
+            return
+        if channel == self.channels.insert:
+            self._wake_queue(str(message.get("queue", "")))
+        elif channel == self.channels.control:
+            if message.get("action") == "resume":
+                self._wake_queue(str(message.get("queue", "")))
+            for callback in list(self._control):
+                callback(message)
+        elif channel == self.channels.leadership:
+            for wakeup in list(self._leadership):
+                wakeup.set()

@@ -6,7 +6,7 @@ It fetches when woken by an insert NOTIFY, by a poll timer with jitter (the fall
 notifications are lost, e.g. behind PgBouncer), and when slots free up after a fetch came back
 full or was skipped for lack of room. Fetches that found the queue drained are at least
 ``cooldown`` apart. A wake-up is never lost: one that arrives during a claim or a cooldown is kept
-(:class:`~engine.queue.notifier.Wakeup`) and served by the next fetch, and every insert of an
+(:class:`~engine.db.listen.Wakeup`) and served by the next fetch, and every insert of an
 available job notifies (:mod:`engine.queue.insert`).
 
 After a fetch that found jobs, a loop fetches once more one cooldown later. Nothing depends on it
@@ -35,11 +35,11 @@ import attrs
 import trio
 
 from engine.db.bridge import Connection, Pool
+from engine.db.listen import Wakeup
 from engine.db.sqlfiles import QUERIES
 from engine.errors import ConnectionLost, DatabaseError
 from engine.queue.completer import Completer
 from engine.queue.job import Job
-from engine.queue.notifier import Wakeup
 from engine.queue.slots import SlotPool
 
 __all__ = ["Producer", "ProducerConfig", "normalize_args_filter"]

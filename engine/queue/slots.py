@@ -12,7 +12,7 @@ import math
 
 import attrs
 
-from engine.queue.notifier import Wakeup
+from engine.db.listen import Wakeup
 
 __all__ = ["SlotPool", "SlotStatistics"]
 

@@ -14,10 +14,10 @@ from typing import Any, overload
 
 import trio
 
-from engine.capacity.refresher import CATALOG_CHANNEL
 from engine.capacity.room import ShutdownPolicy
 from engine.config import EngineConfig
 from engine.db.bridge import Connection
+from engine.db.channels import CATALOG, TASK_CANCEL
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Task, TaskEvent, TaskRequest, TaskStatus
@@ -28,7 +28,7 @@ from engine.providers.base import Provider
 from engine.queue.client import QueueClient
 from engine.service.health import Health
 from engine.tasks.leases import LeaseKeeper
-from engine.tasks.notices import CANCEL_CHANNEL, TaskNotices
+from engine.tasks.notices import TaskNotices
 from engine.tasks.review import Decision, resolve_task
 from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
@@ -237,7 +237,7 @@ class Engine:
             if task.river_job_id is not None:
                 await self.queue.cancel(task.river_job_id)
             return task
-        requested = await self.db.tasks.fetchrow(_REQUEST_CANCEL, task_id, CANCEL_CHANNEL)
+        requested = await self.db.tasks.fetchrow(_REQUEST_CANCEL, task_id, TASK_CANCEL)
         if requested is not None:
             self.keeper.cancel(task_id)
         current = await self.get(task_id)
@@ -317,7 +317,7 @@ class Engine:
             dict(settings or {}),  # the jsonb codec encodes it
             rate_limit,
             float(rate_interval),
-            CATALOG_CHANNEL,
+            CATALOG,
         )
 
     async def set_group(
@@ -342,5 +342,5 @@ class Engine:
             concurrency_limit,
             rate_limit,
             float(rate_interval),
-            CATALOG_CHANNEL,
+            CATALOG,
         )

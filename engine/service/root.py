@@ -11,8 +11,9 @@ signal handling, the demo catalogue and what it prints::
         │   ├── embedded watch      restarts the embedded server if it stops (when it is ours)
         │   ├── event writer        task history, buffered (one INSERT per 50 ms or 1,000)
         │   ├── completer           batched job completions; shielded, flushes last
-        │   ├── notifier            LISTEN: inserts, job control, leadership
-        │   ├── task notices        LISTEN: finished tasks wake wait(), cancels reach runs
+        │   ├── listen hub          the process's one LISTEN connection, every channel
+        │   ├── notifier            River's channels: inserts, job control, leadership
+        │   ├── task notices        finished tasks wake wait(), cancels reach runs
         │   ├── lease keeper        renews this process's task leases, one UPDATE per round
         │   └── elector [worker]    while leader: scheduler, cleaner, periodic schedules
         └── control layer           each sibling supervised: restarted from a fresh state
@@ -63,8 +64,10 @@ from engine.capacity.room import ShutdownPolicy
 from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
+from engine.db.channels import every_channel, river_channels
 from engine.db.database import Database, DatabaseUrls
 from engine.db.dsn import redact
+from engine.db.listen import ListenHub
 from engine.db.probe import probe_database
 from engine.db.resolve import (
     embedded_data_dir,
@@ -394,8 +397,10 @@ async def _assemble(
     workers = Workers()
     workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
     slots = SlotPool(0)  # nothing runs until the capacity source grants a share
+    # The process's one LISTEN connection, every consumer a subscriber (run by _run_tree).
+    hub = ListenHub(db.tasks.listen_dsn, every_channel(await river_channels(db.queue)))
     queue = await make_queue_client(
-        db, config.queue, workers=workers, instance_id=instance_id, slots=slots
+        db, config.queue, workers=workers, instance_id=instance_id, slots=slots, hub=hub
     )
     queue.completer.on_flushed = metrics.observe_completions
     queue.on_claim = metrics.observe_claim
@@ -404,7 +409,7 @@ async def _assemble(
         db,
         queue,
         store,
-        TaskNotices(db.tasks.listen_dsn, keeper.cancel, keeper.wake),
+        TaskNotices(hub, keeper.cancel, keeper.wake),
         keeper,
         runner,
         event_writer=events,
@@ -483,6 +488,7 @@ async def _run_tree(
             )
             await services.start(engine.event_writer.run)
             await services.start(engine.queue.run_completer)
+            await services.start(engine.queue.notifier.hub.run)
             await services.start(engine.queue.run_notifier)
             await services.start(engine.notices.run)
             await services.start(engine.keeper.run)
@@ -534,6 +540,7 @@ async def _run_tree(
 async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool) -> None:
     """Start the control layer's siblings in order, each under :func:`supervise`."""
     config, db, metrics, health = engine.config, engine.db, engine.metrics, engine.health
+    hub = engine.queue.notifier.hub
     # A worker whose providers take upstream callbacks serves POST /hooks/<task id>, on the
     # one HTTP server (started for it even with metrics and the dashboard off).
     hooks = worker and any(
@@ -595,7 +602,7 @@ async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool)
     await nursery.start(
         supervise,
         "admission",
-        lambda: Dispatcher(config, db, engine.queue.channels.insert).run,
+        lambda: Dispatcher(config, db, engine.queue.channels.insert, hub=hub).run,
         health,
     )
     if worker:
@@ -632,6 +639,7 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
         args_filter=args_filter,
         models=served,
         on_state=engine.health.mark,
+        hub=engine.queue.notifier.hub,
     ).run
 
 

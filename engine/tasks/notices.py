@@ -1,11 +1,14 @@
 """Task notifications: finished tasks wake waiters, cancel requests reach their executions.
 
-One LISTEN connection carries every channel. ``engine_task_finished`` is sent by a trigger on
-every write that makes a task final, whoever wrote it; ``engine_task_cancel`` by
-``cancel()`` for a running task; ``engine_task_callback`` by the statement that records a
-verified upstream callback (``POST /hooks/<task id>``), waking the task's execution. After a
-reconnect every waiter re-reads its task, and every execution waiting for a callback re-reads
-its callbacks, because a notification sent while we were away is gone.
+Three channels of the process's one LISTEN connection (:class:`~engine.db.listen.ListenHub`,
+names in :mod:`engine.db.channels`): ``engine_task_finished`` is sent by a trigger on every
+write that makes a task final, whoever wrote it; ``engine_task_cancel`` by ``cancel()`` for a
+running task; ``engine_task_callback`` by the statement that records a verified upstream
+callback (``POST /hooks/<task id>``), waking the task's execution. Each payload is a task id.
+After a reconnect every waiter re-reads its task, and every execution waiting for a callback
+re-reads its callbacks, because a notification sent while we were away is gone. Without a hub
+(behind a transaction pooler with no ``database.listen_url``) nothing arrives: waiters re-read
+at their poll interval.
 """
 
 from __future__ import annotations
@@ -16,29 +19,27 @@ from collections.abc import Callable
 
 import trio
 
-from engine.db.listen import RESYNC, Listener
+from engine.db.channels import TASK_CALLBACK, TASK_CANCEL, TASK_FINISHED
+from engine.db.listen import RESYNC, ListenHub
 
-__all__ = ["CALLBACK_CHANNEL", "CANCEL_CHANNEL", "FINISHED_CHANNEL", "TaskNotices"]
-
-FINISHED_CHANNEL = "engine_task_finished"
-CANCEL_CHANNEL = "engine_task_cancel"
-CALLBACK_CHANNEL = "engine_task_callback"
+__all__ = ["TaskNotices"]
 
 
 class TaskNotices:
     """Waiters per task, the cancel hook and the callback hook; run it as a service.
 
     ``on_callback(task_id)`` is called for each recorded callback, and ``on_callback(None)``
-    after a reconnect (every execution should look again).
+    after a reconnect (every execution should look again). ``hub`` None: nothing is ever
+    delivered.
     """
 
     def __init__(
         self,
-        dsn: str | None,
+        hub: ListenHub | None,
         on_cancel: Callable[[uuid.UUID], object],
         on_callback: Callable[[uuid.UUID | None], object] | None = None,
     ) -> None:
-        self.listener = Listener(dsn, [FINISHED_CHANNEL, CANCEL_CHANNEL, CALLBACK_CHANNEL])
+        self.hub = hub
         self.on_cancel = on_cancel
         self.on_callback = on_callback
         self._waiters: dict[uuid.UUID, set[trio.Event]] = defaultdict(set)
@@ -62,11 +63,13 @@ class TaskNotices:
             event.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Dispatch notifications until cancelled; ``started()`` once listening."""
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.listener.run)
+        """Dispatch notifications until cancelled; ``started()`` once subscribed."""
+        if self.hub is None:
             task_status.started()
-            async for note in self.listener.receive:
+            await trio.sleep_forever()
+        with self.hub.subscribe(TASK_FINISHED, TASK_CANCEL, TASK_CALLBACK) as notes:
+            task_status.started()
+            async for note in notes:
                 if note == RESYNC:
                     for task_id in list(self._waiters):
                         self._wake(task_id)
@@ -77,9 +80,9 @@ class TaskNotices:
                     task_id = uuid.UUID(note.payload)
                 except ValueError:
                     continue
-                if note.channel == FINISHED_CHANNEL:
+                if note.channel == TASK_FINISHED:
                     self._wake(task_id)
-                elif note.channel == CANCEL_CHANNEL:
+                elif note.channel == TASK_CANCEL:
                     self.on_cancel(task_id)
-                elif note.channel == CALLBACK_CHANNEL and self.on_callback is not None:
+                elif note.channel == TASK_CALLBACK and self.on_callback is not None:
                     self.on_callback(task_id)

@@ -20,6 +20,7 @@ from engine.cli.main import main as cli_main
 from engine.config import config_problems_exit_code, load_config
 from engine.db.bridge import Connection, connect
 from engine.db.database import DatabaseUrls, open_database
+from engine.db.listen import LISTEN_APPLICATION_NAME
 from engine.db.migrate import pending_migrations
 from engine.db.resolve import migrate_databases, scratch_database
 from engine.domain.tasks import TaskStatus
@@ -56,7 +57,8 @@ async def _server_backends(direct: Connection) -> int:
         await direct.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-            " AND application_name <> 'engine-listener'"
+            " AND application_name <> $1",
+            LISTEN_APPLICATION_NAME,
         )
     )
 
@@ -65,7 +67,8 @@ async def _listeners(direct: Connection) -> int:
     return int(
         await direct.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'engine-listener'"
+            " AND application_name = $1",
+            LISTEN_APPLICATION_NAME,
         )
     )
 
@@ -133,7 +136,7 @@ async def test_tasks_run_through_pgbouncer_on_fewer_server_connections(
     # multiplexed them (it never opens more than SERVER_CONNECTIONS).
     assert samples > 5 and 1 <= most <= SERVER_CONNECTIONS, (samples, most)
     if listen:
-        assert listeners >= 1
+        assert listeners == 1  # the process's one LISTEN connection, on listen_url
     else:
         assert listeners == 0
 
