@@ -63,7 +63,7 @@ Commands and their ``--json`` documents:
     (``cancel_requested``). A task that already finished otherwise is an error (exit 1).
 ``tasks retry ID``
     ``{"task": TASK, "job_id": n}``. A failed, cancelled or manual_review task goes back to
-    ``queued`` as a fresh run with a new job (SQL ``task_requeue_final``); failed and
+    ``queued`` as a fresh run with a new job (``Engine.retry``); failed and
     manual_review tasks also lose ``submitted_at`` and ``upstream_ref``, so the upstream call is
     made again. Any other status is an error (exit 1).
 ``tasks resolve ID (--succeeded [--result JSON] | --failed | --resubmit --may-run-twice)
@@ -153,7 +153,6 @@ from engine.schedules.status import ScheduleState, list_schedules
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
 from engine.tasks.models import Task, TaskEvent, TaskStatus
-from engine.tasks.submit import give_job
 
 __all__ = [
     "CommandFn",
@@ -164,7 +163,6 @@ __all__ = [
     "event_json",
     "positive_int",
     "printable",
-    "retry_task",
     "run_engine_command",
     "run_until_signal",
     "run_with_engine",
@@ -175,9 +173,7 @@ __all__ = [
 #: The body of an inspection command: given an open client-only engine, print, return the status.
 EngineCommand = Callable[[Engine, argparse.Namespace], Awaitable[int]]
 
-_TASK_GET: Final = QUERIES["task_get"]
 _TASK_PAGE: Final = QUERIES["task_page"]
-_TASK_REQUEUE_FINAL: Final = QUERIES["task_requeue_final"]
 _QUEUE_LIST: Final = QUERIES["queue_list"]
 _LEADER_GET: Final = QUERIES["leader_get"]
 _MODEL_GET: Final = QUERIES["model_get"]
@@ -189,7 +185,6 @@ _QUEUED_LIVE_BY_MODEL: Final = QUERIES["task_count_queued_live_by_model"]
 _UNFINISHED_FOR_MODEL: Final = QUERIES["task_count_unfinished_for_model"]
 _UNFINISHED_FOR_GROUP: Final = QUERIES["task_count_unfinished_for_group"]
 
-_RETRYABLE: Final = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.MANUAL_REVIEW})
 #: Characters of a task's error shown in the ``tasks list`` table (the rest: ``tasks show``).
 _ERROR_SHOWN: Final = 120
 
@@ -864,61 +859,12 @@ async def _cmd_tasks_cancel(eng: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def retry_task(eng: Engine, task_id: uuid.UUID) -> tuple[Task, int]:
-    """Put a failed, cancelled or manual_review task back to queued with a new job.
-
-    One transaction on the tasks database: ``task_requeue_final`` resets the task, its job is
-    inserted with the options :func:`~engine.tasks.submit.submit_tasks` uses, and ``task_set_job``
-    points the task at it. Returns the task as committed and its job id.
-
-    Raises:
-        TaskNotFound: no such task.
-        TaskError: the task is not in a retryable status, or its previous job still runs.
-    """
-    queue = eng.config.queue
-    rollback_timeout = eng.config.worker.enqueue_rollback_timeout
-    async with eng.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
-        row = await conn.fetchrow(
-            _TASK_REQUEUE_FINAL,
-            task_id,
-            sorted(status.value for status in _RETRYABLE),
-            "task.retried",
-            "retried by an operator",
-            {},
-            eng.instance_id,
-        )
-        if row is None:
-            current = await conn.fetchrow(_TASK_GET, task_id)
-            if current is None:
-                raise TaskNotFound(f"no task {task_id}")
-            raise TaskError(_not_retryable(task_id, TaskStatus(current["status"])))
-        job_id = await give_job(
-            conn,
-            task_id,
-            row["model"],
-            row["run_mode"],
-            queue=queue,
-            notify_channel=eng.queue.channels.insert,
-            again="retry",
-        )
-    return await _get_task(eng, task_id), job_id
-
-
-def _not_retryable(task_id: uuid.UUID, status: TaskStatus) -> str:
-    allowed = "only failed, cancelled and manual_review tasks can be retried"
-    if status is TaskStatus.QUEUED:
-        return f"task {task_id} is queued: it has not run yet, so there is nothing to retry"
-    if status is TaskStatus.RUNNING:
-        return f"task {task_id} is running: cancel it first if it must start over ({allowed})"
-    return f"task {task_id} is {status.value}; {allowed}"
-
-
 async def _cmd_tasks_retry(eng: Engine, args: argparse.Namespace) -> int:
-    task, job_id = await retry_task(eng, args.id)
+    task = await eng.retry(args.id)
     if args.json:
-        print(dumps({"task": task_json(task), "job_id": job_id}))
+        print(dumps({"task": task_json(task), "job_id": task.river_job_id}))
     else:
-        print(f"task {task.id}: queued again (job {job_id})")
+        print(f"task {task.id}: queued again (job {task.river_job_id})")
     return EXIT_OK
 
 
