@@ -42,9 +42,7 @@ def _field_problem(value: object, field: str, limit: int) -> str | None:
     return None if bad is None else f"{field} holds {bad}"
 
 
-def _payload_text(
-    request: TaskRequest, tasks: TasksConfig, problems: list[str], n: int
-) -> str:
+def _payload_text(request: TaskRequest, tasks: TasksConfig, problems: list[str], n: int) -> str:
     problem = json_problem(request.payload, tasks.max_payload_depth)
     if problem is not None:
         setting = " (tasks.max_payload_depth)" if "nested" in problem else ""
@@ -160,4 +158,3 @@ async def submit_tasks(
         [j.job.id for j in jobs],
         instance_id,
     )
-
