@@ -28,9 +28,7 @@ from engine.db.database import Database
 from engine.db.listen import ListenHub, wakeup
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
-from engine.queue.insert import InsertParams, insert_tx, prepare
-from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.submit import task_insert_opts
+from engine.tasks.jobs import TaskJob, give_jobs
 
 __all__ = ["DispatchReport", "Dispatcher"]
 
@@ -43,7 +41,6 @@ _LIMITS = QUERIES["scope_limits_many"]
 _USED = QUERIES["scope_used_many"]
 _ADMIT = QUERIES["admission_admit_many"]
 _REAP = QUERIES["admission_reap_expired"]
-_SET_JOB = QUERIES["task_set_job_many"]
 # What the admitted tasks' jobs need: when they are due, and the model that routes a live one.
 _TASK_RUN_AT = """
 SELECT id, next_run_at, model, run_mode FROM engine_task WHERE id = ANY($1::uuid[])
@@ -115,9 +112,9 @@ class Dispatcher:
                 return DispatchReport(0, len(waiting))
             await conn.execute(_ADMIT, chosen)
             tasks = {r["id"]: r for r in await conn.fetch(_TASK_RUN_AT, chosen)}
-            params = [_task_job(self.config, task_id, tasks.get(task_id)) for task_id in chosen]
-            jobs = await insert_tx(conn, params, self.notify_channel)
-            await conn.execute(_SET_JOB, chosen, [j.job.id for j in jobs])
+            jobs = [_task_job(task_id, tasks.get(task_id)) for task_id in chosen]
+            queue = self.config.queue
+            await give_jobs(conn, jobs, queue=queue, notify_channel=self.notify_channel)
         self.admitted += len(chosen)
         return DispatchReport(len(chosen), len(waiting) - len(chosen))
 
@@ -153,17 +150,11 @@ class Dispatcher:
                     await wake.wait()
 
 
-def _task_job(config: EngineConfig, task_id: uuid.UUID, row: Record | None) -> InsertParams:
+def _task_job(task_id: uuid.UUID, row: Record | None) -> TaskJob:
     """The job of an admitted task: due at its ``next_run_at``, routed by its model if live."""
     if row is None:  # the task is gone: its job finds no task and completes
-        return prepare(
-            TaskRunArgs(str(task_id)), task_insert_opts(config.queue), kind=config.queue.job_kind
-        )
-    return prepare(
-        TaskRunArgs.for_task(task_id, row["model"], row["run_mode"]),
-        task_insert_opts(config.queue, row["next_run_at"]),
-        kind=config.queue.job_kind,
-    )
+        return TaskJob(task_id)
+    return TaskJob.from_record(row)
 
 
 async def _limits(source: Pool | Connection, scopes: set[str]) -> dict[str, float]:

@@ -2,9 +2,9 @@
 
 ``python -m engine --help`` and a malformed command line must answer at once, so this module
 (and :mod:`engine.cli.commands`, which builds the parsers from it) imports only the standard
-library: no trio, asyncpg, attrs or engine configuration. The commands' bodies live in
-:mod:`engine.cli.inspect` and :mod:`engine.cli.submit`, imported by :func:`lazy` when a command
-runs.
+library: no trio, asyncpg, attrs or engine configuration. The commands' bodies live in a
+module per command group (:mod:`engine.cli.tasks`, :mod:`engine.cli.submit`, ...), imported by
+:func:`lazy` when a command runs.
 
 A malformed value is an ``argparse.ArgumentTypeError``: argparse reports it as a usage error
 naming the option (exit status 2).

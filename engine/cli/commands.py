@@ -3,10 +3,11 @@
 
 Building them imports nothing but the standard library (:mod:`engine.cli.args`): each leaf
 stores its runner as ``cli_run``, a :func:`~engine.cli.args.lazy` function that imports the
-command's module only when the command runs. The inspection commands also store
-``engine_command`` (which body :func:`engine.cli.inspect.run_engine_command` runs) and
-``readonly`` (True: the command only reads, so it never migrates; see
-:mod:`engine.cli.inspect`).
+command's module only when the command runs. The inspection commands run through
+:func:`engine.cli.common.run_engine_command` and also store ``engine_command`` (the module and
+the name of their body: :mod:`engine.cli.status`, :mod:`engine.cli.tasks`,
+:mod:`engine.cli.queue`, :mod:`engine.cli.models`) and ``readonly`` (True: the command only
+reads, so it never migrates; see :mod:`engine.cli.common`).
 
 Every command that prints JSON takes ``--json`` after its name; the global ``--json`` (before
 the command) means the same. Both store ``json``; the leaf's option has no default, so it never
@@ -45,7 +46,10 @@ DEFAULT_LIMIT: Final = 50
 #: Seconds between two refreshes of ``status --watch`` unless given.
 WATCH_INTERVAL: Final = 2.0
 
-_INSPECT: Final = "engine.cli.inspect"
+_STATUS: Final = "engine.cli.status"
+_TASKS: Final = "engine.cli.tasks"
+_QUEUE: Final = "engine.cli.queue"
+_MODELS: Final = "engine.cli.models"
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
@@ -57,13 +61,15 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _leaf(
-    commands: Subparsers, name: str, key: str, help: str, *, readonly: bool
+    commands: Subparsers, name: str, body: tuple[str, str], help: str, *, readonly: bool
 ) -> argparse.ArgumentParser:
+    """An inspection command: ``body`` is the module and the name of its
+    :data:`~engine.cli.common.EngineCommand`."""
     parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=help)
     add_json_option(parser)
     parser.set_defaults(
-        cli_run=lazy(_INSPECT, "run_engine_command"),
-        engine_command=key,
+        cli_run=lazy("engine.cli.common", "run_engine_command"),
+        engine_command=body,
         readonly=readonly,
         quiet_logs=True,
     )
@@ -112,7 +118,7 @@ def _add_inspect(commands: Subparsers) -> None:
     status = _leaf(
         commands,
         "status",
-        "status",
+        (_STATUS, "cmd_status"),
         "capacity, instances, queues, task counts, the leader",
         readonly=True,
     )
@@ -126,7 +132,9 @@ def _add_inspect(commands: Subparsers) -> None:
     )
 
     tasks = _group(commands, "tasks", "list, show, cancel, retry and resolve tasks")
-    tasks_list = _leaf(tasks, "list", "tasks list", "list tasks, newest first", readonly=True)
+    tasks_list = _leaf(
+        tasks, "list", (_TASKS, "cmd_tasks_list"), "list tasks, newest first", readonly=True
+    )
     tasks_list.add_argument("--status", choices=TASK_STATUSES)
     tasks_list.add_argument("--model", metavar="M")
     tasks_list.add_argument("--tenant", metavar="T", help="only this tenant's tasks")
@@ -138,20 +146,20 @@ def _add_inspect(commands: Subparsers) -> None:
         "before an ISO 8601 TIME",
     )
     tasks_list.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, metavar="N")
-    _leaf(tasks, "show", "tasks show", "show a task and its events", readonly=True).add_argument(
-        "id", type=task_id_arg, metavar="ID"
-    )
+    _leaf(
+        tasks, "show", (_TASKS, "cmd_tasks_show"), "show a task and its events", readonly=True
+    ).add_argument("id", type=task_id_arg, metavar="ID")
     for name, text in [
         ("cancel", "cancel a queued or running task"),
         ("retry", "queue a failed, cancelled or manual_review task again"),
     ]:
-        _leaf(tasks, name, f"tasks {name}", text, readonly=False).add_argument(
+        _leaf(tasks, name, (_TASKS, f"cmd_tasks_{name}"), text, readonly=False).add_argument(
             "id", type=task_id_arg, metavar="ID"
         )
     resolve = _leaf(
         tasks,
         "resolve",
-        "tasks resolve",
+        (_TASKS, "cmd_tasks_resolve"),
         "decide a manual_review task: mark it succeeded or failed, or resubmit it",
         readonly=False,
     )
@@ -176,25 +184,29 @@ def _add_inspect(commands: Subparsers) -> None:
     )
 
     jobs = _group(commands, "jobs", "inspect queue jobs")
-    jobs_list = _leaf(jobs, "list", "jobs list", "list jobs, newest first", readonly=True)
+    jobs_list = _leaf(
+        jobs, "list", (_QUEUE, "cmd_jobs_list"), "list jobs, newest first", readonly=True
+    )
     jobs_list.add_argument("--state", choices=JOB_STATES)
     jobs_list.add_argument("--queue", metavar="Q")
     jobs_list.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, metavar="N")
 
     queue = _group(commands, "queue", "pause or resume a queue in every process")
     for name, text in [("pause", "stop fetching from a queue"), ("resume", "fetch again")]:
-        _leaf(queue, name, f"queue {name}", text, readonly=False).add_argument("name")
+        _leaf(queue, name, (_QUEUE, f"cmd_queue_{name}"), text, readonly=False).add_argument("name")
 
     models = _group(commands, "models", "the model catalogue")
-    _leaf(models, "list", "models list", "list models", readonly=True)
-    models_set = _leaf(models, "set", "models set", "create or change a model", readonly=False)
+    _leaf(models, "list", (_MODELS, "cmd_models_list"), "list models", readonly=True)
+    models_set = _leaf(
+        models, "set", (_MODELS, "cmd_models_set"), "create or change a model", readonly=False
+    )
     models_set.add_argument("name", metavar="NAME")
     _catalogue_options(models_set)
     models_set.add_argument("--provider", metavar="P", help="provider of live tasks")
     _leaf(
         models,
         "delete",
-        "models delete",
+        (_MODELS, "cmd_models_delete"),
         "remove a model no unfinished task uses",
         readonly=False,
     ).add_argument("name", metavar="NAME")
@@ -203,20 +215,22 @@ def _add_inspect(commands: Subparsers) -> None:
     _leaf(
         schedules,
         "list",
-        "schedules list",
+        (_STATUS, "cmd_schedules_list"),
         "list schedules, their last and next periods",
         readonly=True,
     )
 
     groups = _group(commands, "groups", "the group catalogue")
-    _leaf(groups, "list", "groups list", "list groups", readonly=True)
-    groups_set = _leaf(groups, "set", "groups set", "create or change a group", readonly=False)
+    _leaf(groups, "list", (_MODELS, "cmd_groups_list"), "list groups", readonly=True)
+    groups_set = _leaf(
+        groups, "set", (_MODELS, "cmd_groups_set"), "create or change a group", readonly=False
+    )
     groups_set.add_argument("key", metavar="KEY")
     _catalogue_options(groups_set)
     _leaf(
         groups,
         "delete",
-        "groups delete",
+        (_MODELS, "cmd_groups_delete"),
         "remove a group no unfinished task uses",
         readonly=False,
     ).add_argument("key", metavar="KEY")

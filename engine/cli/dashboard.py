@@ -14,26 +14,26 @@ import argparse
 
 import trio
 
+from engine.cli.exits import EXIT_OK
+from engine.cli.signals import Shutdown, serve_until_signal
 from engine.config import EngineConfig
 from engine.errors import ConfigError
+from engine.service.root import open as open_engine
+from engine.web.service import http_server
 
 __all__ = ["run_dashboard"]
 
 
 def run_dashboard(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run ``dashboard`` until a signal; exit 0."""
-    from engine.cli.main import EXIT_OK, _Shutdown, _until_signal
-    from engine.service.root import open as open_engine
-    from engine.web.service import http_server
-
     if config.dashboard.enabled is False:
         raise ConfigError(["dashboard.enabled is false: nothing to serve"])
 
-    async def serve(_shutdown: _Shutdown) -> None:
+    async def serve(_shutdown: Shutdown) -> None:
         async with open_engine(config, control=False) as eng, trio.open_nursery() as nursery:
             server = http_server(eng, metrics=True, dashboard=True, host=args.host, port=args.port)
             port = await nursery.start(server.run)
             print(f"engine: dashboard at http://{server.host}:{port}/ (Ctrl-C to stop)", flush=True)
 
-    trio.run(_until_signal, serve)
+    trio.run(serve_until_signal, serve)
     return EXIT_OK

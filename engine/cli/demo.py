@@ -17,6 +17,9 @@ import attrs
 import trio
 
 from engine.cli.catalogue import DEMO_MODELS
+from engine.cli.exits import EXIT_INTERRUPTED, EXIT_OK
+from engine.cli.service import start_service
+from engine.cli.signals import Shutdown, serve_until_signal
 from engine.cli.submit import Progress, ProgressDisplay, TaskIds, follow_tasks
 from engine.config import EngineConfig
 from engine.domain.tasks import Identity, RunMode, TaskRequest
@@ -32,9 +35,8 @@ _HTTP_FAILURE_RATE = 0.05
 
 def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run ``demo``; exit 0 once every demo task is final (some fail on purpose: 5 %)."""
-    from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK, _Shutdown, _until_signal, start_service
 
-    async def demo(shutdown: _Shutdown) -> None:
+    async def demo(shutdown: Shutdown) -> None:
         async with AsyncExitStack() as stack:
             service_config, model, mode = config, args.model, RunMode.SIMULATION
             if args.upstream == "http":
@@ -64,7 +66,7 @@ def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
             display.finish(progress, interrupted=False)
             nursery.cancel_scope.cancel(reason="demo finished")
 
-    if trio.run(_until_signal, demo) is not None:
+    if trio.run(serve_until_signal, demo) is not None:
         return EXIT_INTERRUPTED
     return EXIT_OK
 
@@ -73,6 +75,7 @@ def run_demo(args: argparse.Namespace, config: EngineConfig) -> int:
 async def _http_upstream(config: EngineConfig) -> AsyncIterator[tuple[EngineConfig, str]]:
     """Serve the fake upstream for the block; the configuration that also serves
     :data:`HTTP_MODEL` from it, and that model's name."""
+    # Here, not at the top: the simulation demo loads no HTTP stack (httpx, the fake server).
     from engine.providers.http.fake import Dials, FakeUpstream, fake_http_model, serve_upstream
 
     dials = Dials(job_seconds=_HTTP_JOB_SECONDS, failure_rate=_HTTP_FAILURE_RATE)

@@ -12,8 +12,13 @@ Logging: the service's commands (``run``, ``migrate``, ``db``, ``demo``, ``dashb
 errors only, so that their output is what they print, unless ``-v`` asks for INFO lines.
 
 ``--help`` and a usage error answer without importing trio, asyncpg or the configuration: this
-module and the parsers (:mod:`engine.cli.commands`) use the standard library only, and each
-command imports what it needs when it runs.
+module, the parsers (:mod:`engine.cli.commands`), their argument types (:mod:`engine.cli.args`)
+and the exit statuses (:mod:`engine.cli.exits`) use the standard library only. Every command is
+a module of its own, imported when the command runs (:func:`engine.cli.args.lazy`): ``run`` and
+``migrate`` :mod:`engine.cli.service`, ``db`` :mod:`engine.cli.db`, ``bench``
+:mod:`engine.cli.bench`, the rest as :mod:`engine.cli.commands` lists them. Those modules import
+downward only (shared helpers: :mod:`engine.cli.common`, :mod:`engine.cli.formats`,
+:mod:`engine.cli.render`, :mod:`engine.cli.signals`), never this one.
 
 Configuration is read by :func:`engine.config.load_config` (defaults < TOML file <
 ``ENGINE_*`` environment < command line); ``--database-url`` and ``--data-dir`` are shorthands
@@ -44,9 +49,12 @@ Commands:
     missing). The embedded server must be running (``db start``).
 ``submit``, ``status``, ``tasks``, ``jobs``, ``queue``, ``models``, ``groups``, ``schedules``
     Submit tasks and inspect or control the engine from a client-only engine; see
-    :mod:`engine.cli.submit` and :mod:`engine.cli.inspect` (``--json`` shapes there). They
-    never create an embedded cluster: without one in ``data_dir`` they say so and exit 2; and
-    the read-only ones never migrate (a schema behind is an error, exit 1).
+    :mod:`engine.cli.common` (how they open it) and each group's module, where its ``--json``
+    shapes are: :mod:`engine.cli.submit`, :mod:`engine.cli.status` (``status``, ``schedules``),
+    :mod:`engine.cli.tasks`, :mod:`engine.cli.queue` (``jobs``, ``queue``),
+    :mod:`engine.cli.models` (``models``, ``groups``). They never create an embedded cluster:
+    without one in ``data_dir`` they say so and exit 2; and the read-only ones never migrate (a
+    schema behind is an error, exit 1).
 
 The ``db`` commands manage the embedded server only. With ``database.url`` set, ``db url``
 prints that URL unchanged (password included: it is for your own tools) and exits 0, while
@@ -68,52 +76,38 @@ reports the engine errors inside as one message each, without a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from engine._version import __version__
-from engine.cli.args import join_dash_values
+from engine.cli.args import CommandFn, join_dash_values, lazy
 from engine.cli.commands import add_client_commands, add_json_option
+from engine.cli.exits import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_RUNNING,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 
 # Only the standard library at import: `--help` and a usage error answer without loading trio,
-# asyncpg or the configuration (engine_tests/cli/test_startup.py). Each command imports what it
-# needs.
+# asyncpg or the configuration (engine_tests/cli/test_startup.py). Each command's module is
+# imported when it runs (lazy), and the few imports below that sit in functions are there for
+# the same reason.
 if TYPE_CHECKING:
-    import trio
-
     from engine.config import EngineConfig
-    from engine.service.engine import Engine
 
-__all__ = [
-    "EXIT_ERROR",
-    "EXIT_INTERRUPTED",
-    "EXIT_NOT_RUNNING",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "build_parser",
-    "entry",
-    "log_level",
-    "main",
-]
+__all__ = ["build_parser", "entry", "log_level", "main"]
 
-log = logging.getLogger("engine.cli")
-
-EXIT_OK: Final = 0
-#: An engine error or an unexpected exception.
-EXIT_ERROR: Final = 1
-#: Invalid configuration or command line (as argparse; ``engine.config.config_problems_exit_code``).
-EXIT_USAGE: Final = 2
-#: ``db status``: the embedded server is not running (as ``pg_ctl status``).
-EXIT_NOT_RUNNING: Final = 3
-#: Interrupted by Ctrl-C, or a second SIGINT/SIGTERM during a graceful shutdown.
-EXIT_INTERRUPTED: Final = 130
+_SERVICE: Final = "engine.cli.service"
+#: ``run``, also the command when none is given.
+_RUN: Final[CommandFn] = lazy(_SERVICE, "run_service")
 
 _EPILOG: Final = f"""\
 commands:
@@ -207,14 +201,17 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = commands.add_parser("run", help="run the engine (the default command)")
+    run.set_defaults(cli_run=_RUN)
     run.add_argument(
         "--app",
         metavar="MODULE:ATTR",
         help="your providers: a mapping of model name to provider, or a callable or async "
         "context manager giving one (the app setting, ENGINE_APP)",
     )
-    commands.add_parser("migrate", help="apply pending database migrations")
+    migrate = commands.add_parser("migrate", help="apply pending database migrations")
+    migrate.set_defaults(cli_run=lazy(_SERVICE, "run_migrate"))
     db = commands.add_parser("db", help="manage the embedded PostgreSQL server")
+    db.set_defaults(cli_run=lazy("engine.cli.db", "run_db"))
     db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
     db_commands.add_parser("start", help="start the embedded server and keep it running")
     db_commands.add_parser("stop", help="stop the embedded server")
@@ -222,6 +219,7 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
     add_json_option(status)
     db_commands.add_parser("url", help="print a psql-ready URL of the engine database")
     bench = commands.add_parser("bench", help="run benchmark scenarios and print their figures")
+    bench.set_defaults(cli_run=lazy("engine.cli.bench", "run_bench"))
     bench.add_argument("scenario", help="a scenario name, or 'all'")
     bench.add_argument(
         "--json",
@@ -241,13 +239,12 @@ def build_parser(prog: str = "engine") -> argparse.ArgumentParser:
         metavar="M",
         help="how long, for scenarios that run for a while (soak; default 60)",
     )
-    # Their leaf commands store their runner as ``cli_run``, which _dispatch calls.
     add_client_commands(commands)
     return parser
 
 
 def _load(args: argparse.Namespace) -> EngineConfig:
-    from engine.config import load_config
+    from engine.config import load_config  # here, not at the top: --help stays light
 
     overrides: dict[str, object] = dict(args.settings)
     if args.database_url is not None:
@@ -259,298 +256,10 @@ def _load(args: argparse.Namespace) -> EngineConfig:
     return load_config(toml_path=args.config, overrides=overrides)
 
 
-# ---------------------------------------------------------------------------------------------
-# Signals
-
-
-class _Shutdown:
-    """What the signals have asked for so far: the first stops the work (a drain), the second
-    cuts the drain short (``on_second``), the third exits at once."""
-
-    def __init__(self, work: trio.CancelScope) -> None:
-        self.work = work
-        self.received: list[str] = []
-        #: Called on the second signal (the service: requeue what still runs at once).
-        self.on_second: Callable[[], None] | None = None
-
-
-async def _watch_signals(signals: AsyncIterator[int], shutdown: _Shutdown) -> None:
-    async for signum in signals:
-        name = signal.Signals(signum).name
-        shutdown.received.append(name)
-        count = len(shutdown.received)
-        if count == 1:
-            log.info(
-                "shutting down: draining; send the signal again to requeue running tasks now",
-                extra={"event": "shutdown_requested", "signal": name},
-            )
-            shutdown.work.cancel(reason=f"{name} received")
-        elif count == 2 and shutdown.on_second is not None:
-            print(
-                f"engine: {name} again: requeueing running tasks now (once more to exit at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-            shutdown.on_second()
-        else:
-            print(f"engine: {name} again: exiting at once", file=sys.stderr, flush=True)
-            os._exit(EXIT_INTERRUPTED)
-
-
-async def _until_signal(body: Callable[[_Shutdown], Awaitable[None]]) -> str | None:
-    """Run ``body(shutdown)`` until it returns or SIGINT/SIGTERM arrives; return that signal's
-    name.
-
-    The first signal cancels ``body`` (a graceful shutdown: its cleanup runs). The watcher sits
-    outside the cancelled scope, so later signals during that cleanup still reach it: the
-    second calls ``shutdown.on_second`` if ``body`` set it (else it exits), the third ends the
-    process at once with :data:`EXIT_INTERRUPTED`.
-    """
-    import trio
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            shutdown = _Shutdown(trio.CancelScope())
-            nursery.start_soon(_watch_signals, signals, shutdown)
-            with shutdown.work:
-                await body(shutdown)
-            nursery.cancel_scope.cancel(reason="command finished")
-    return shutdown.received[0] if shutdown.received else None
-
-
-# ---------------------------------------------------------------------------------------------
-# Commands
-
-
-def service_config(config: EngineConfig) -> EngineConfig:
-    """The configuration as the command line's service runs it: metrics and the dashboard on
-    unless ``metrics.enabled`` / ``dashboard.enabled`` say otherwise (an embedded engine has
-    them off unless it says on)."""
-    import attrs
-
-    if config.metrics.enabled is None:
-        config = attrs.evolve(config, metrics=attrs.evolve(config.metrics, enabled=True))
-    if config.dashboard.enabled is None:
-        config = attrs.evolve(config, dashboard=attrs.evolve(config.dashboard, enabled=True))
-    return config
-
-
-async def start_service(
-    config: EngineConfig, nursery: trio.Nursery, shutdown: _Shutdown | None = None
-) -> Engine:
-    """Start the service tree in ``nursery`` as the command line runs it (demo simulation,
-    demo catalogue on an empty database) and print where its metrics are."""
-    import functools
-
-    from engine.cli.catalogue import DEMO_SIMULATION, install_demo_catalogue
-    from engine.providers.simulated import SimulatedProvider
-    from engine.service.root import serve
-
-    eng: Engine = await nursery.start(
-        functools.partial(
-            serve, service_config(config), simulated=SimulatedProvider(DEMO_SIMULATION)
-        )
-    )
-    if shutdown is not None:
-        shutdown.on_second = eng.stop_draining
-    if config.tasks.demo_catalogue:
-        await install_demo_catalogue(eng)
-    if eng.metrics_url is not None:
-        print(f"engine: metrics at {eng.metrics_url}", flush=True)
-    if eng.dashboard_url is not None:
-        print(f"engine: dashboard at {eng.dashboard_url}", flush=True)
-    return eng
-
-
-def _cmd_run(config: EngineConfig) -> int:
-    import trio
-
-    from engine.db.dsn import redact
-
-    async def run(shutdown: _Shutdown) -> None:
-        async with trio.open_nursery() as nursery:
-            eng = await start_service(config, nursery, shutdown)
-            served = ", ".join(sorted(eng.runner.providers)) or "none (simulation tasks only)"
-            print(
-                f"engine: running; database {redact(eng.urls.tasks)}; models {served} "
-                "(Ctrl-C to stop)",
-                flush=True,
-            )
-
-    signame = trio.run(_until_signal, run)
-    if signame is not None:
-        log.info("stopped", extra={"event": "shutdown_complete", "signal": signame})
-    return EXIT_OK
-
-
-def _format_versions(versions: Sequence[int]) -> str:
-    return ", ".join(f"{v:04d}" for v in versions) if versions else "none"
-
-
-def _cmd_migrate(config: EngineConfig) -> int:
-    import trio
-
-    from engine.db.bridge import asyncio_loop
-    from engine.db.migrate import MigrationReport
-    from engine.db.resolve import migrate_databases, open_configured, open_urls
-
-    reports: list[tuple[str, MigrationReport]] = []
-
-    async def run_migrations(_shutdown: _Shutdown) -> None:
-        async with (
-            asyncio_loop(),
-            open_urls(config) as urls,
-            open_configured(
-                config, urls, min_size=1, max_size=1, application_name="engine-migrate"
-            ) as db,
-        ):
-            reports.extend(await migrate_databases(db, river_indexes=config.queue.river_indexes))
-
-    if trio.run(_until_signal, run_migrations) is not None:
-        print("engine: migration interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    for url, report in reports:
-        print(f"database: {url}")
-        print(f"  applied: {_format_versions(report.applied)}")
-        print(f"  skipped: {_format_versions(report.skipped)}")
-        print(f"  already applied: {_format_versions(report.already)}")
-        if report.indexes_created:
-            print(f"  River indexes built: {', '.join(report.indexes_created)}")
-    return EXIT_OK
-
-
-def _external_server_error(config: EngineConfig, command: str) -> int:
-    from engine.db.dsn import redact
-
-    assert config.database.url is not None
-    print(
-        f"engine: error: `db {command}` manages the embedded PostgreSQL server, but "
-        f"database.url is set ({redact(config.database.url)}), so the engine uses that "
-        "external server. Unset database.url (ENGINE_DATABASE_URL, --database-url) to use the "
-        "embedded server.",
-        file=sys.stderr,
-    )
-    return EXIT_USAGE
-
-
-def _cmd_db_start(config: EngineConfig) -> int:
-    from engine import embedded
-    from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
-
-    data_dir = embedded_data_dir(config)
-    server = embedded.acquire(data_dir, pin=True)
-    ensure_database_blocking(server.dsn("postgres"), ENGINE_DATABASE)
-    print(
-        f"engine: the embedded PostgreSQL server in {server.data_dir} is running on port "
-        f"{server.port}; it stays up until `db stop`.",
-        file=sys.stderr,
-    )
-    print(server.dsn(ENGINE_DATABASE))
-    return EXIT_OK
-
-
-def _cmd_db_stop(config: EngineConfig) -> int:
-    from engine import embedded
-    from engine.db.resolve import embedded_data_dir
-
-    print(embedded.stop(embedded_data_dir(config)))
-    return EXIT_OK
-
-
-def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
-    from engine import embedded
-    from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir
-
-    st = embedded.status(embedded_data_dir(config))
-    url = (
-        embedded.EmbeddedServer(st.data_dir, st.port).dsn(ENGINE_DATABASE)
-        if st.running and st.port is not None
-        else None
-    )
-    if as_json:
-        data = {
-            "data_dir": str(st.data_dir),
-            "running": st.running,
-            "port": st.port,
-            "pid": st.pid,
-            "pinned": st.pinned,
-            "holders": st.holders,
-            "url": url,
-        }
-        print(json.dumps(data))
-    else:
-        if st.running:
-            print(f"embedded PostgreSQL server: running (pid {st.pid}, port {st.port})")
-        else:
-            print("embedded PostgreSQL server: not running")
-        print(f"data directory: {st.data_dir}")
-        if st.running:
-            print(f"url: {url}")
-            print("pinned: " + ("yes, until `db stop`" if st.pinned else "no"))
-            users = ", ".join(str(p) for p in st.holders) or "none"
-            print(f"used by processes: {users}")
-    return EXIT_OK if st.running else EXIT_NOT_RUNNING
-
-
-def _cmd_db_url(config: EngineConfig) -> int:
-    from engine import embedded
-    from engine.db.dsn import replace_database
-    from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
-
-    if config.database.url:
-        print(config.database.url)
-        return EXIT_OK
-    admin = embedded.url(embedded_data_dir(config))  # raises if not running
-    ensure_database_blocking(admin, ENGINE_DATABASE)
-    print(replace_database(admin, ENGINE_DATABASE))
-    return EXIT_OK
-
-
-def _cmd_bench(config: EngineConfig, args: argparse.Namespace) -> int:
-    from engine.bench.runner import SCENARIOS, run_benchmarks
-
-    if args.scenario != "all" and args.scenario not in SCENARIOS:
-        known = ", ".join([*SCENARIOS, "all"])
-        print(
-            f"engine: error: unknown scenario {args.scenario!r}; choose one of {known}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    run_benchmarks(
-        config,
-        [args.scenario],
-        json_path=args.json_file,
-        markdown_path=args.markdown,
-        quick=args.quick,
-        tasks=args.tasks,
-        minutes=args.minutes,
-    )
-    return EXIT_OK
-
-
 def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
-    command = args.command or "run"
-    if command == "run":
-        return _cmd_run(config)
-    if command == "migrate":
-        return _cmd_migrate(config)
-    if command == "bench":
-        return _cmd_bench(config, args)
-    run_command = getattr(args, "cli_run", None)
-    if run_command is not None:  # submit, status, tasks, jobs, queue, models, groups
-        return int(run_command(args, config))
-    assert command == "db"
-    sub: str = args.db_command
-    if sub == "url":
-        return _cmd_db_url(config)
-    if config.database.url:
-        return _external_server_error(config, sub)
-    if sub == "start":
-        return _cmd_db_start(config)
-    if sub == "stop":
-        return _cmd_db_stop(config)
-    assert sub == "status"
-    return _cmd_db_status(config, as_json=args.json)
+    # Every command stores its runner as ``cli_run`` (``set_defaults``); none given is ``run``.
+    run_command: CommandFn = getattr(args, "cli_run", None) or _RUN
+    return int(run_command(args, config))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,7 +268,7 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig) -> int:
 
 def _report_failure(exc: BaseException) -> int:
     """Print ``exc`` for the user and return the exit status."""
-    import trio
+    import trio  # here, not at the top: --help stays light
 
     from engine.errors import ConfigError, EngineError, leaves
 
@@ -623,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is True and not getattr(args, "json_capable", False):
         parser.error(f"--json: `{args.command or 'run'}` has no JSON output")
     try:
-        from engine.logs import configure_logging
+        from engine.logs import configure_logging  # here, not at the top: --help stays light
 
         config = _load(args)
         configure_logging(config.logging.format, log_level(args, config.logging.level))

@@ -71,9 +71,11 @@ from rich.table import Column
 from rich.text import Text
 
 from engine.capacity.registry import unserved_models
-from engine.cli.inspect import dumps, run_until_signal, run_with_engine
-from engine.cli.main import EXIT_INTERRUPTED, EXIT_OK
+from engine.cli.common import run_with_engine
+from engine.cli.exits import EXIT_INTERRUPTED, EXIT_OK
+from engine.cli.formats import dumps
 from engine.cli.render import STATUS_STYLES, make_console, printable
+from engine.cli.signals import run_until_signal
 from engine.config import EngineConfig
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import FINAL_STATUSES, Identity, RunMode, TaskRequest, TaskStatus

@@ -12,9 +12,7 @@ from engine.config import EngineConfig
 from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
-from engine.queue.insert import insert_tx, prepare
-from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.submit import task_insert_opts
+from engine.tasks.jobs import TaskJob, give_jobs
 
 __all__ = ["RecoveryReport", "Rescuer"]
 
@@ -23,7 +21,6 @@ log = logging.getLogger(__name__)
 _INTERRUPTED = QUERIES["task_recover_interrupted_many"]
 _ORPHANS = QUERIES["job_rescue_orphaned_many"]
 _RECOVERABLE = QUERIES["task_list_recoverable"]
-_SET_JOB = QUERIES["task_set_job_many"]
 _YIELD = QUERIES["admission_yield_stale"]
 _LIVENESS = QUERIES["worker_instance_list_liveness"]
 _CLEAN = QUERIES["admission_clean_finished"]
@@ -129,16 +126,8 @@ class Rescuer:
             rows = await conn.fetch(_RECOVERABLE, cfg.recovery.recoverable_task_limit)
             if not rows:
                 return 0
-            params = [
-                prepare(
-                    TaskRunArgs.for_task(r["id"], r["model"], r["run_mode"]),
-                    task_insert_opts(cfg.queue, r["next_run_at"]),
-                    kind=cfg.queue.job_kind,
-                )
-                for r in rows
-            ]
-            results = await insert_tx(conn, params, self.notify_channel)
-            await conn.execute(_SET_JOB, [r["id"] for r in rows], [j.job.id for j in results])
+            jobs = [TaskJob.from_record(r) for r in rows]
+            await give_jobs(conn, jobs, queue=cfg.queue, notify_channel=self.notify_channel)
         return len(rows)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

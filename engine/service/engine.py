@@ -29,7 +29,7 @@ from engine.queue.client import QueueClient
 from engine.service.health import Health
 from engine.tasks.leases import LeaseKeeper
 from engine.tasks.notices import TaskNotices
-from engine.tasks.review import Decision, resolve_task
+from engine.tasks.review import Decision, resolve_task, retry_task
 from engine.tasks.runner import TaskRunner
 from engine.tasks.store import EventWriter, TaskStore
 from engine.tasks.submit import submit_tasks
@@ -244,6 +244,22 @@ class Engine:
         if current is None:
             raise TaskNotFound(f"no task {task_id}")
         return current
+
+    async def retry(self, task_id: uuid.UUID) -> Task:
+        """Run a failed, cancelled or manual_review task again (:mod:`engine.tasks.review`);
+        return it as committed: ``queued``, with its new job as ``river_job_id``.
+
+        The task starts over as a fresh run (its outcome, cancel request and lease cleared,
+        due now), recorded as a ``task.retried`` event. A failed or manual_review task also
+        loses ``submitted_at`` and ``upstream_ref``, so the upstream call is made again (for a
+        manual_review task, prefer :meth:`resolve`, which records who decided and why).
+
+        Raises:
+            TaskNotFound: no such task.
+            TaskError: the task is in another status (queued, running, succeeded), or its
+                previous job still runs; nothing changed.
+        """
+        return await retry_task(self, task_id)
 
     async def resolve(
         self,

@@ -1,4 +1,5 @@
-"""The job that runs a task: its args, and which instances may claim it.
+"""The job that runs a task: its args, its insert options, giving tasks jobs, and which
+instances may claim them.
 
 A task's job carries ``{"task_id": "<uuid>"}``, unique by ``task_id`` over the live states, the
 same args and unique key as the Go worker's River jobs. A live task's job also carries its model
@@ -8,20 +9,42 @@ unique key: a job inserted by a Go River client with ``{"task_id"}`` only collid
 the same task. A simulation task runs on the simulated provider that every engine has, so its
 job carries no model and any instance may claim it; so may a job inserted without one (by the Go
 worker, or by an engine from before model routing).
+
+Every path that gives tasks jobs (submission, admission, recovery's re-enqueue, an operator's
+retry or resubmission) describes each as a :class:`TaskJob` and inserts them here, all of them
+in one statement (:func:`insert_task_jobs`); :func:`give_jobs` then points the tasks at their
+jobs in one more. Those are the only statements, however many tasks: an instance runs about
+2,000 of them a second, so they stay batched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import ClassVar, Final
 
 import attrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
+from engine.config import QueueConfig
+from engine.db.bridge import Connection, Record
+from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import RunMode
-from engine.queue.job import converter
+from engine.queue.insert import InsertParams, insert_tx, prepare
+from engine.queue.job import InsertOpts, InsertResult, converter
+from engine.queue.states import GATEWAY_UNIQUE_STATES
+from engine.queue.unique import UniqueOpts
 
-__all__ = ["MODEL_ARG", "TaskRunArgs", "model_claim_filter"]
+__all__ = [
+    "MODEL_ARG",
+    "TaskJob",
+    "TaskRunArgs",
+    "give_jobs",
+    "insert_task_jobs",
+    "model_claim_filter",
+    "task_insert_opts",
+]
 
 MODEL_ARG: Final = "model"
 """The args key a task job's model is stored under, and the key the claim filter reads."""
@@ -60,6 +83,96 @@ converter.register_unstructure_hook(
     TaskRunArgs,
     make_dict_unstructure_fn(TaskRunArgs, converter, model=override(omit_if_default=True)),
 )
+
+
+# Unique by task_id alone, as the Go worker's jobs: the model in a live task's args routes the
+# job and must not change its key (a Go client inserting {"task_id"} dedupes against ours).
+_GATEWAY_UNIQUE = UniqueOpts(by_args=("task_id",), by_queue=True, by_state=GATEWAY_UNIQUE_STATES)
+_SET_JOB = QUERIES["task_set_job_many"]
+
+
+def task_insert_opts(config: QueueConfig, run_at: datetime | None = None) -> InsertOpts:
+    """The job options of a task: unique by task id over the live states; scheduled only
+    when it is due later (as the Go worker's ``asyncTaskRecoveryInsertOpts``)."""
+    scheduled = run_at if run_at is not None and run_at > datetime.now(UTC) else None
+    return InsertOpts(
+        queue=config.name,
+        priority=config.insert_priority,
+        max_attempts=config.insert_max_attempts,
+        tags=config.insert_tags,
+        unique=_GATEWAY_UNIQUE,
+        scheduled_at=scheduled,
+    )
+
+
+@attrs.frozen
+class TaskJob:
+    """A task to give a job, and what that job is made of.
+
+    Attributes:
+        task_id: the task.
+        model: the task's model; it routes a live task's job (see :class:`TaskRunArgs`).
+            ``None`` for a task that is gone (its job finds no task and completes).
+        run_mode: the task's run mode (a :class:`RunMode` or its stored text).
+        run_at: when the task is due; a job due later is scheduled, else available now.
+    """
+
+    task_id: uuid.UUID
+    model: str | None = None
+    run_mode: RunMode | str = RunMode.SIMULATION
+    run_at: datetime | None = None
+
+    @classmethod
+    def from_record(cls, row: Record) -> TaskJob:
+        """The job of a task row (its ``id``, ``model``, ``run_mode`` and ``next_run_at``)."""
+        return cls(row["id"], row["model"], row["run_mode"], row["next_run_at"])
+
+    def params(self, queue: QueueConfig) -> InsertParams:
+        """The job, ready to insert on ``queue``."""
+        live = self.model is not None and RunMode(self.run_mode) is RunMode.LIVE
+        return prepare(
+            TaskRunArgs(str(self.task_id), self.model if live else None),
+            task_insert_opts(queue, self.run_at),
+            kind=queue.job_kind,
+        )
+
+
+async def insert_task_jobs(
+    conn: Connection,
+    jobs: Sequence[TaskJob],
+    *,
+    queue: QueueConfig,
+    notify_channel: str | None,
+) -> list[InsertResult]:
+    """Insert the jobs of ``jobs`` on ``conn``, in the caller's transaction, in one statement
+    (:func:`~engine.queue.insert.insert_tx`); return the results in the order of ``jobs``.
+
+    A task that already has a live job gets that job back, flagged ``skipped`` (the jobs are
+    unique by task id). The tasks are not pointed at their jobs: a submission stores the tasks
+    after their jobs, with the job ids (else see :func:`give_jobs`).
+    """
+    return await insert_tx(conn, [job.params(queue) for job in jobs], notify_channel)
+
+
+async def give_jobs(
+    conn: Connection,
+    jobs: Sequence[TaskJob],
+    *,
+    queue: QueueConfig,
+    notify_channel: str | None,
+) -> list[InsertResult]:
+    """Give existing tasks their jobs, in the caller's transaction on ``conn``: insert them
+    (:func:`insert_task_jobs`, one statement), then point each task at its job (one statement,
+    ``task_set_job_many``); return the insert results in the order of ``jobs``.
+
+    A result flagged ``skipped`` is the task's live job found instead; a caller to which that
+    matters (a previous job still running) checks it and raises, rolling the whole back.
+    """
+    if not jobs:
+        return []
+    results = await insert_task_jobs(conn, jobs, queue=queue, notify_channel=notify_channel)
+    await conn.execute(_SET_JOB, [job.task_id for job in jobs], [r.job.id for r in results])
+    return results
 
 
 def model_claim_filter(models: Iterable[str] | None) -> tuple[str, tuple[str, ...]] | None:

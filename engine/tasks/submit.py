@@ -10,45 +10,21 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import NoReturn
 
 from engine.config import QueueConfig, TasksConfig
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Identity, TaskRequest
-from engine.errors import InvalidTask, TaskError
-from engine.queue.insert import insert_tx, prepare
-from engine.queue.job import InsertOpts
-from engine.queue.states import GATEWAY_UNIQUE_STATES, JobState
-from engine.queue.unique import UniqueOpts
-from engine.tasks.jobs import TaskRunArgs
+from engine.errors import InvalidTask
+from engine.tasks.jobs import TaskJob, insert_task_jobs
 from engine.tasks.jsoncheck import bad_character, json_problem
 
-__all__ = ["give_job", "submit_tasks", "task_insert_opts", "validate_requests"]
+__all__ = ["submit_tasks", "validate_requests"]
 
 _MODELS = QUERIES["model_get_many"]
 _INSERT = QUERIES["task_insert_many"]
-_SET_JOB = QUERIES["task_set_job"]
-
-# Unique by task_id alone, as the Go worker's jobs: the model in a live task's args routes the
-# job and must not change its key (a Go client inserting {"task_id"} dedupes against ours).
-_GATEWAY_UNIQUE = UniqueOpts(by_args=("task_id",), by_queue=True, by_state=GATEWAY_UNIQUE_STATES)
-
-
-def task_insert_opts(config: QueueConfig, run_at: datetime | None = None) -> InsertOpts:
-    """The job options of a task: unique by task id over the live states; scheduled only
-    when it is due later (as the Go worker's ``asyncTaskRecoveryInsertOpts``)."""
-    scheduled = run_at if run_at is not None and run_at > datetime.now(UTC) else None
-    return InsertOpts(
-        queue=config.name,
-        priority=config.insert_priority,
-        max_attempts=config.insert_max_attempts,
-        tags=config.insert_tags,
-        unique=_GATEWAY_UNIQUE,
-        scheduled_at=scheduled,
-    )
-
 
 #: The catalogue's limit on model names (engine_model.name).
 _MODEL_MAX = 200
@@ -66,9 +42,7 @@ def _field_problem(value: object, field: str, limit: int) -> str | None:
     return None if bad is None else f"{field} holds {bad}"
 
 
-def _payload_text(
-    request: TaskRequest, tasks: TasksConfig, problems: list[str], n: int
-) -> str:
+def _payload_text(request: TaskRequest, tasks: TasksConfig, problems: list[str], n: int) -> str:
     problem = json_problem(request.payload, tasks.max_payload_depth)
     if problem is not None:
         setting = " (tasks.max_payload_depth)" if "nested" in problem else ""
@@ -166,15 +140,12 @@ async def submit_tasks(
     if not requests:
         return
     payloads = await validate_requests(catalog or conn, requests, tasks)
-    params = [
-        prepare(
-            TaskRunArgs.for_task(r.id, r.model, r.run_mode),
-            task_insert_opts(queue, r.run_at),
-            kind=queue.job_kind,
-        )
-        for r in requests
-    ]
-    jobs = await insert_tx(conn, params, notify_channel)
+    jobs = await insert_task_jobs(
+        conn,
+        [TaskJob(r.id, r.model, r.run_mode, r.run_at) for r in requests],
+        queue=queue,
+        notify_channel=notify_channel,
+    )
     await conn.execute(
         _INSERT,
         [r.id for r in requests],
@@ -187,33 +158,3 @@ async def submit_tasks(
         [j.job.id for j in jobs],
         instance_id,
     )
-
-
-async def give_job(
-    conn: Connection,
-    task_id: uuid.UUID,
-    model: str,
-    run_mode: str,
-    *,
-    queue: QueueConfig,
-    notify_channel: str,
-    again: str,
-) -> int:
-    """Give a task that an operator put back to queued a new job, inside the caller's
-    transaction, and point the task at it; return the job's id.
-
-    Raises:
-        TaskError: the task's previous job is still running (its run would not pick the task
-            up again); ``again`` names what to do again once it finished ("retry").
-    """
-    params = prepare(
-        TaskRunArgs.for_task(task_id, model, run_mode), task_insert_opts(queue), kind=queue.job_kind
-    )
-    (inserted,) = await insert_tx(conn, [params], notify_channel)
-    if inserted.skipped and inserted.job.state is JobState.RUNNING:
-        raise TaskError(
-            f"task {task_id}: its previous job {inserted.job.id} is still running; "
-            f"{again} again once it has finished"
-        )
-    await conn.execute(_SET_JOB, task_id, inserted.job.id)
-    return inserted.job.id

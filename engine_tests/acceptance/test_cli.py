@@ -40,6 +40,8 @@ import engine
 from engine import embedded
 from engine._version import __version__
 from engine.cli import main as cli
+from engine.cli.exits import EXIT_INTERRUPTED
+from engine.cli.signals import Shutdown, serve_until_signal
 from engine.config import load_config
 from engine.db.database import DatabaseUrls
 from engine.db.dsn import replace_database
@@ -556,15 +558,15 @@ class _Exits:
 
     async def run(
         self,
-        body: Callable[[cli._Shutdown], Awaitable[None]],
+        body: Callable[[Shutdown], Awaitable[None]],
         send_signals: Callable[[], Awaitable[None]],
     ) -> None:
-        """Run ``cli._until_signal(body)`` while ``send_signals`` runs, until the faked exit."""
+        """Run ``serve_until_signal(body)`` while ``send_signals`` runs, until the faked exit."""
         with trio.fail_after(DEADLINE):
             with pytest.RaisesGroup(_Exited, flatten_subgroups=True):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(send_signals)
-                    await cli._until_signal(body)
+                    await serve_until_signal(body)
 
     async def wait_in_shutdown(self, shutting_down: trio.Event) -> None:
         """A graceful shutdown that would take long: only a later signal's exit ends it."""
@@ -583,7 +585,7 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> _Exits:
 async def test_second_signal_during_shutdown_exits_at_once(exits: _Exits) -> None:
     shutting_down = trio.Event()
 
-    async def body(_shutdown: cli._Shutdown) -> None:
+    async def body(_shutdown: Shutdown) -> None:
         try:
             await trio.sleep_forever()
         finally:
@@ -595,7 +597,7 @@ async def test_second_signal_during_shutdown_exits_at_once(exits: _Exits) -> Non
         os.kill(os.getpid(), signal.SIGTERM)
 
     await exits.run(body, send_signals)
-    assert exits.codes == [cli.EXIT_INTERRUPTED]
+    assert exits.codes == [EXIT_INTERRUPTED]
 
 
 async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
@@ -604,7 +606,7 @@ async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
     hurried = trio.Event()
     shutting_down = trio.Event()
 
-    async def body(shutdown: cli._Shutdown) -> None:
+    async def body(shutdown: Shutdown) -> None:
         shutdown.on_second = hurried.set
         try:
             await trio.sleep_forever()
@@ -619,16 +621,16 @@ async def test_second_signal_hurries_the_drain_and_the_third_exits_at_once(
         os.kill(os.getpid(), signal.SIGTERM)
 
     await exits.run(body, send_signals)
-    assert hurried.is_set() and exits.codes == [cli.EXIT_INTERRUPTED]
+    assert hurried.is_set() and exits.codes == [EXIT_INTERRUPTED]
 
 
 async def test_first_signal_cancels_the_body_and_is_reported() -> None:
-    async def body(_shutdown: cli._Shutdown) -> None:
+    async def body(_shutdown: Shutdown) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         await trio.sleep_forever()
 
     with trio.fail_after(DEADLINE):
-        assert await cli._until_signal(body) == "SIGTERM"
+        assert await serve_until_signal(body) == "SIGTERM"
 
 
 def test_failures_are_reported_as_one_line_per_engine_error(

@@ -146,9 +146,7 @@ async def test_a_busy_metrics_port_is_one_line_naming_the_address_and_the_settin
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = await _run(
-            "--database-url", db_url, "--set", f"metrics.port={port}", "run"
-        )
+        result = await _run("--database-url", db_url, "--set", f"metrics.port={port}", "run")
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if not line.startswith("ts=")]
     assert errors == [

@@ -61,9 +61,7 @@ def test_count_is_capped_with_a_message_naming_the_cap() -> None:
         count_arg("ten")
 
 
-def test_payload_from_text_a_file_or_stdin(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_payload_from_text_a_file_or_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert payload_arg('{"a": 1}') == {"a": 1}
     assert payload_arg("-1") == -1  # JSON, not stdin
     path = tmp_path / "p.json"

@@ -98,7 +98,7 @@ def test_import_engine_is_lazy_but_every_public_name_resolves() -> None:
 
 
 def test_the_usage_status_is_the_configurations() -> None:
-    from engine.cli.main import EXIT_USAGE
+    from engine.cli.exits import EXIT_USAGE
     from engine.config import config_problems_exit_code
 
     assert config_problems_exit_code == EXIT_USAGE

@@ -28,8 +28,7 @@ from engine.queue.unique import (
     unique_states_from_bitmask,
     validate_unique_states,
 )
-from engine.tasks.jobs import TaskRunArgs
-from engine.tasks.submit import task_insert_opts
+from engine.tasks.jobs import TaskRunArgs, task_insert_opts
 
 TASK_ID = "3f2b8c1e-9d4a-4e6b-8a7c-1d2e3f4a5b6c"
 GATEWAY_VECTOR = "7101187e877ea220d58b8db2430b051c95e4e0c7905847e8d1725949da5352ad"

@@ -7,7 +7,7 @@
 -- upstream again (a manual_review task was ambiguous because of exactly those two fields).
 -- Records an event of type $3 with message $4 and payload $5 (who decided and why, for a
 -- resubmission). $6 instance id (of the event). Returns the row, or nothing when the task does
--- not exist or is not in one of $2. The caller inserts its job (task_set_job).
+-- not exist or is not in one of $2. The caller inserts its job (task_set_job_many).
 -- Used as `tasks retry` ($2 failed, cancelled, manual_review; task.retried) and as a review's
 -- resubmission ($2 manual_review; task.resubmitted).
 WITH requeued AS (
@@ -45,10 +45,6 @@ events AS (
     FROM requeued
 )
 SELECT * FROM requeued;
-
--- name: task_set_job
--- Point one task at the job that runs it (after task_requeue_final requeued it). $1 id, $2 job id.
-UPDATE engine_task SET river_job_id = $2, updated_at = now() WHERE id = $1;
 
 -- name: task_count_by_status_for_ids
 -- Counts per status of the given tasks, and the sum of their progress (0..1, as providers

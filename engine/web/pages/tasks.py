@@ -125,16 +125,14 @@ def routes(ctx: WebContext) -> list[Route]:
         )
 
     async def retry_one(task_id: uuid.UUID) -> str:
-        from engine.cli.inspect import retry_task  # the CLI's retry, imported late: no cycle
-
         task = await eng.get(task_id)
         if task is not None and task.status is TaskStatus.MANUAL_REVIEW:
             return f"{task_id}: in manual review; decide it on the review page"
         try:
-            _, job_id = await retry_task(eng, task_id)
+            retried = await eng.retry(task_id)
         except TaskError as exc:
             return str(exc)
-        return f"{task_id}: queued again (job {job_id})"
+        return f"{task_id}: queued again (job {retried.river_job_id})"
 
     async def cancel_one(task_id: uuid.UUID) -> str:
         try:
