@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 from prometheus_client import make_asgi_app
@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.config import DashboardConfig
 from engine.metrics import Metrics
-from engine.service.engine import Engine
 from engine.web.auth import (
     CSRF_COOKIE,
     authenticate,
@@ -36,6 +35,10 @@ from engine.web.auth import (
     same_origin,
 )
 from engine.web.common import WebContext
+
+if TYPE_CHECKING:
+    # Type-only: the web layer serves the open Engine and sits below engine.service.
+    from engine.service.engine import Engine
 
 __all__ = ["Guard", "make_app"]
 

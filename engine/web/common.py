@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlencode
 
 import attrs
@@ -21,8 +21,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
 from engine.config import DashboardConfig
-from engine.service.engine import Engine
 from engine.web.auth import CSRF_COOKIE, CSRF_FIELD, Identity, csrf_ok
+
+if TYPE_CHECKING:
+    # Type-only: the web layer serves the open Engine and sits below engine.service.
+    from engine.service.engine import Engine
 
 __all__ = [
     "FormHandler",

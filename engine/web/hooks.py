@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -32,8 +32,11 @@ from starlette.routing import BaseRoute, Route
 from engine.domain.tasks import TaskEvent
 from engine.errors import DatabaseError
 from engine.providers.base import Callback, CallbackRefused, callback_poll_interval
-from engine.service.engine import Engine
 from engine.tasks.callbacks import Recorded, record_callback
+
+if TYPE_CHECKING:
+    # Type-only: the web layer serves the open Engine and sits below engine.service.
+    from engine.service.engine import Engine
 
 __all__ = ["HOOKS_PREFIX", "MAX_CALLBACK_BYTES", "hook_routes"]
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Task
-from engine.service.engine import Engine
+
+if TYPE_CHECKING:
+    # Type-only: the web layer serves the open Engine and sits below engine.service.
+    from engine.service.engine import Engine
 
 __all__ = ["Cursor", "TaskFilter", "find_by_upstream_ref", "live_by_model", "manual_review_page",
            "scope_usage", "task_page", "throughput"]  # fmt: skip

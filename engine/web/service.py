@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from engine.service.engine import Engine
+from typing import TYPE_CHECKING
+
 from engine.web.app import make_app
 from engine.web.auth import check_exposure
 from engine.web.server import WebServer
+
+if TYPE_CHECKING:
+    # Type-only: the web layer serves the open Engine and sits below engine.service.
+    from engine.service.engine import Engine
 
 __all__ = ["http_server"]
 
