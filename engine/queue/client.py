@@ -38,11 +38,11 @@ from typing import Any
 
 import trio
 
-from engine.config import QueueConfig
 from engine.db.bridge import Connection
 from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
 from engine.queue.completer import Completer, CompleterConfig
+from engine.queue.config import QueueConfig
 from engine.queue.elector import Elector, ElectorConfig
 from engine.queue.generation import Generation, GenerationConfig
 from engine.queue.insert import InsertParams, insert, insert_many, insert_tx, prepare

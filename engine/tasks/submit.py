@@ -13,14 +13,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NoReturn
 
-from engine.config import QueueConfig, TasksConfig
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import InvalidTask, TaskError
+from engine.queue.config import QueueConfig
 from engine.queue.insert import insert_tx, prepare
 from engine.queue.job import InsertOpts
 from engine.queue.states import GATEWAY_UNIQUE_STATES, JobState
 from engine.queue.unique import UniqueOpts
+from engine.tasks.config import TasksConfig
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.jsoncheck import bad_character, json_problem
 from engine.tasks.models import Identity, TaskRequest

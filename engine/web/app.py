@@ -25,7 +25,6 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.config import DashboardConfig
 from engine.metrics import Metrics
 from engine.service.engine import Engine
 from engine.web.auth import (
@@ -36,6 +35,7 @@ from engine.web.auth import (
     same_origin,
 )
 from engine.web.common import WebContext
+from engine.web.config import DashboardConfig
 
 __all__ = ["Guard", "make_app"]
 

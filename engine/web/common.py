@@ -20,9 +20,9 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from engine.config import DashboardConfig
 from engine.service.engine import Engine
 from engine.web.auth import CSRF_COOKIE, CSRF_FIELD, Identity, csrf_ok
+from engine.web.config import DashboardConfig
 
 __all__ = [
     "FormHandler",

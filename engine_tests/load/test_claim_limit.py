@@ -8,10 +8,10 @@ from typing import ClassVar
 import attrs
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.load.controller import LoadController, LoadSnapshot
 from engine.queue import Job, SlotPool, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine.tasks.models import TaskStatus
 from engine_tests.tasks.conftest import OpenEngine, request
 from engine_tests.tasks.conftest import open_test_engine as open_test_engine  # fixture

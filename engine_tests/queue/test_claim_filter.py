@@ -9,9 +9,9 @@ import attrs
 import pytest
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.queue import Job, JobState, QueueClient, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine.queue.generation import Generation, GenerationConfig
 from engine.queue.insert import insert_many, prepare
 
