@@ -391,17 +391,18 @@ def _cmd_migrate(config: EngineConfig) -> int:
     import trio
 
     from engine.db.bridge import asyncio_loop
+    from engine.db.database import open_database
     from engine.db.migrate import MigrationReport
-    from engine.db.resolve import migrate_databases, open_configured, open_urls
+    from engine.db.resolve import migrate_databases, open_urls
 
     reports: list[tuple[str, MigrationReport]] = []
 
     async def run_migrations(_shutdown: _Shutdown) -> None:
         async with (
             asyncio_loop(),
-            open_urls(config) as urls,
-            open_configured(
-                config, urls, min_size=1, max_size=1, application_name="engine-migrate"
+            open_urls(config.database, config.data_dir) as urls,
+            open_database(
+                urls, config.database, min_size=1, max_size=1, application_name="engine-migrate"
             ) as db,
         ):
             reports.extend(await migrate_databases(db, river_indexes=config.queue.river_indexes))
@@ -437,7 +438,7 @@ def _cmd_db_start(config: EngineConfig) -> int:
     from engine.db import embedded
     from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir, ensure_database_blocking
 
-    data_dir = embedded_data_dir(config)
+    data_dir = embedded_data_dir(config.data_dir)
     server = embedded.acquire(data_dir, pin=True)
     ensure_database_blocking(server.dsn("postgres"), ENGINE_DATABASE)
     print(
@@ -453,7 +454,7 @@ def _cmd_db_stop(config: EngineConfig) -> int:
     from engine.db import embedded
     from engine.db.resolve import embedded_data_dir
 
-    print(embedded.stop(embedded_data_dir(config)))
+    print(embedded.stop(embedded_data_dir(config.data_dir)))
     return EXIT_OK
 
 
@@ -461,7 +462,7 @@ def _cmd_db_status(config: EngineConfig, *, as_json: bool) -> int:
     from engine.db import embedded
     from engine.db.resolve import ENGINE_DATABASE, embedded_data_dir
 
-    st = embedded.status(embedded_data_dir(config))
+    st = embedded.status(embedded_data_dir(config.data_dir))
     url = (
         embedded.EmbeddedServer(st.data_dir, st.port).dsn(ENGINE_DATABASE)
         if st.running and st.port is not None
@@ -500,7 +501,7 @@ def _cmd_db_url(config: EngineConfig) -> int:
     if config.database.url:
         print(config.database.url)
         return EXIT_OK
-    admin = embedded.url(embedded_data_dir(config))  # raises if not running
+    admin = embedded.url(embedded_data_dir(config.data_dir))  # raises if not running
     ensure_database_blocking(admin, ENGINE_DATABASE)
     print(replace_database(admin, ENGINE_DATABASE))
     return EXIT_OK

@@ -62,14 +62,13 @@ from engine.capacity.room import ShutdownPolicy
 from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
-from engine.db.database import Database, DatabaseUrls
+from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact
 from engine.db.probe import probe_database
 from engine.db.resolve import (
     embedded_data_dir,
     external_urls,
     migrate_databases,
-    open_configured,
     open_urls,
 )
 from engine.db.sqlfiles import QUERIES
@@ -277,12 +276,10 @@ async def _serve_once(
         # close), before the providers' own context closes.
         resources = await stack.enter_async_context(open_lifespans(served)) if worker else {}
         # The embedded server is ours to keep up only when we started it from the config.
-        external = urls is not None or external_urls(config) is not None
+        external = urls is not None or external_urls(config.database) is not None
         if urls is None:
-            urls = await stack.enter_async_context(open_urls(config))
-        db = await stack.enter_async_context(
-            open_configured(config, urls)
-        )
+            urls = await stack.enter_async_context(open_urls(config.database, config.data_dir))
+        db = await stack.enter_async_context(open_database(urls, config.database))
         if dbc.migrate_on_start:
             await migrate_databases(db, river_indexes=config.queue.river_indexes)
         if load is None and worker:
@@ -299,7 +296,7 @@ async def _serve_once(
             worker=worker,
             control=control,
             schedules=every_schedule,
-            watch=None if external else embedded_data_dir(config),
+            watch=None if external else embedded_data_dir(config.data_dir),
             on_started=on_started,
         )
 
