@@ -225,20 +225,6 @@ def _describe(exc: BaseException) -> str:
     return str(leaf) or type(leaf).__name__
 
 
-def _thresholds(config: EngineConfig) -> LoadThresholds:
-    load = config.load
-    return LoadThresholds(
-        cpu_elevated=load.cpu_elevated,
-        cpu_critical=load.cpu_critical,
-        memory_elevated=load.memory_elevated,
-        memory_critical=load.memory_critical,
-        db_elevated=load.db_connections_elevated,
-        db_critical=load.db_connections_critical,
-        escalate_samples=load.escalate_samples,
-        recover_samples=load.recover_samples,
-    )
-
-
 def _fixed_size(config: EngineConfig) -> int:
     worker = config.worker
     # One generation runs at most MAX_WORKERS jobs, whatever the cluster-wide cap allows.
@@ -287,7 +273,7 @@ async def _serve_once(
                 mode=config.load.mode,
                 claim_limit=0,
                 heavy_limit=config.load.heavy_limit,
-                thresholds=_thresholds(config),
+                thresholds=LoadThresholds.from_section(config.load),
             )
         engine = await _assemble(config, db, urls, served, simulated, load if worker else None)
         engine.runner.resources = resources
