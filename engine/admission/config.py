@@ -22,18 +22,20 @@ class AdmissionConfig:
     )
     reap_interval: float = setting(
         5.0,
-        "Seconds between passes that release expired admissions. Proposed.",
+        "Seconds between the dispatcher's passes that fail the tasks that waited for "
+        "admission longer than `admission.queue_timeout`. Proposed.",
         number(gt=0),
     )
     stale_after: float = setting(
         45.0,
-        "Seconds after which an admitted task that has not started, or whose worker is stale, "
-        "gives its slot back (reference: 45 s). Must exceed twice "
+        "Seconds after which an admitted task that has not started gives its reserved slots "
+        "back and waits again, keeping its place in line (reference: 45 s). Must exceed twice "
         "`worker.refresh_interval`.",
         number(gt=0),
     )
     queue_timeout: float | None = setting(
         None,
-        "Seconds a task may wait for admission before it fails; unset means no limit.",
+        "Seconds a task may wait for admission before it fails (error code `queue_timeout`, "
+        "found at the next `admission.reap_interval` pass); unset means no limit.",
         number(gt=0, optional=True),
     )

@@ -19,7 +19,9 @@ class WorkerConfig:
 
     mode: Literal["worker", "client"] = setting(
         "worker",
-        "`worker` runs jobs; `client` only inserts jobs and recovers at start (the reference's "
+        "`worker` runs jobs. `client` runs none and leads no maintenance: it submits tasks "
+        "(inserting their jobs), dispatches admissions, and in each recovery round only gives "
+        "a job to every queued task without a live one (the reference's "
         "`StartAsyncQueueWorker` and `StartAsyncQueueClient`).",
         choice("worker", "client"),
     )

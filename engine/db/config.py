@@ -64,8 +64,7 @@ class DatabaseConfig:
         None,
         "URL for the task-store pool (the reference's `store`: task rows and the enqueue "
         "transaction); unset means `database.url`. Must reach the same database as "
-        "`database.queue_url`, since a task and its job are written in one transaction."
-        "",
+        "`database.queue_url`, since a task and its job are written in one transaction.",
         _postgres_url(optional=True),
     )
     coordination_url: str | None = setting(

@@ -56,33 +56,42 @@ class QueueConfig:
     )
     fetch_cooldown: float = setting(
         0.005,
-        "Least time between two fetches of available jobs, in seconds; also the per-queue rate "
-        "limit of insert notifications. Deliberately 5 ms rather than River's 100 ms "
-        "`FetchCooldown`, after Oban's `dispatch_cooldown`, "
-        "because the 100 ms debounce dominates pickup latency.",
+        "Least time, in seconds, between two fetches of one of a producer's fetch loops after "
+        "a fetch that found the queue drained (fewer jobs than it could take): a burst of insert "
+        "notifications then costs one fetch. After a full fetch the next one does not wait, "
+        "and a fetch that found some jobs is followed by one more a cooldown later. Inserts are "
+        "never held back: every insert of an available job notifies. Deliberately 5 ms rather "
+        "than River's 100 ms `FetchCooldown`, after Oban's `dispatch_cooldown`, because the "
+        "100 ms debounce dominates pickup latency.",
         number(ge=0),
     )
     fetch_poll_interval: float = setting(
         1.0,
-        "Seconds between fallback fetches when no insert notification arrives, plus up to 10 % "
-        "jitter (River `FetchPollInterval`).",
+        "Seconds between a producer's fallback fetches, plus up to 10 % jitter: they find the "
+        "jobs no notification announced (a lost one, or none at all behind a transaction "
+        "pooler without `database.listen_url`) (River `FetchPollInterval`).",
         number(gt=0),
     )
     scheduler_interval: float = setting(
         5.0,
-        "Seconds between passes that make due scheduled and retryable jobs available; a snooze "
-        "or retry at most this far ahead is made available at once (River scheduler).",
+        "Seconds between the leader's passes that make due scheduled and retryable jobs "
+        "available and notify their queues (River scheduler). A snooze or retry due within "
+        "5 s does not wait for a pass: its job is made available at once, to run when due.",
         number(gt=0),
     )
     completer_tick: float = setting(
         0.05,
-        "Tick of the batch completer, in seconds: a tick writes the finished jobs when at least "
-        "`completer_flush_size` are waiting, else every 5th tick does (River).",
+        "Longest wait, in seconds, between a job finishing and the write of its outcome: the "
+        "completer gathers the completions that arrive within this time of the first one, or "
+        "until `completer_flush_size` are waiting, and writes them together. A job that "
+        "completed cleanly may instead be written with its producer's next claim. Default "
+        "after River's batch completer.",
         number(gt=0),
     )
     completer_flush_size: int = setting(
         100,
-        "Waiting completions that make the next tick write them (River).",
+        "Waiting completions that make the completer write at once, without waiting out "
+        "`completer_tick` (River).",
         integer(1),
     )
     completer_max_batch: int = setting(
@@ -92,18 +101,20 @@ class QueueConfig:
     )
     completer_backpressure_high: int = setting(
         10000,
-        "When this many completions wait to be written, finishing jobs block until the backlog "
-        "falls below `completer_backpressure_low` (River).",
+        "When this many completions wait to be written, producers claim no new jobs until the "
+        "backlog falls below `completer_backpressure_low`. Finishing jobs never wait: they "
+        "hand their outcome over without blocking. River's thresholds.",
         integer(1),
     )
     completer_backpressure_low: int = setting(
         5000,
-        "Backlog of waiting completions under which blocked jobs resume (River).",
+        "Backlog of waiting completions under which producers claim new jobs again (River).",
         integer(0),
     )
     hot_operation_timeout: float = setting(
         10.0,
-        "Timeout of each fetch and completion statement, in seconds (River).",
+        "Deadline, in seconds, of each claim statement and of each attempt to write a batch of "
+        "completions; a write that timed out is tried again (River).",
         number(gt=0),
     )
     job_timeout: float | None = setting(
@@ -142,7 +153,9 @@ class QueueConfig:
     )
     leader_elect_interval: float = setting(
         5.0,
-        "Seconds between attempts to take or renew leadership, plus up to 1 s jitter (River).",
+        "Seconds between attempts to take leadership, plus up to 1 s jitter (a leader's "
+        "resignation starts one at once), and between the leader's renewals of its term "
+        "(River).",
         number(gt=0),
     )
     insert_max_attempts: int = setting(

@@ -28,11 +28,13 @@ class RecoveryConfig:
     )
     batch_size: int = setting(
         100,
-        "Most orphaned jobs recovered per round (reference: 100).",
+        "Most rows each step of a recovery round handles: interrupted tasks of dead workers, "
+        "admissions given back, orphaned jobs (reference: 100).",
         integer(1),
     )
     recoverable_task_limit: int = setting(
         1000,
-        "Most tasks without a live job re-enqueued per call (reference: 1000).",
+        "Most queued tasks without a live job given a new job per recovery round (reference: "
+        "1000).",
         integer(1),
     )
