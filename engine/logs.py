@@ -27,16 +27,39 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Literal
 
+import attrs
+
+from engine.settings import choice, setting
+
 __all__ = [
     "JsonFormatter",
     "KvFormatter",
     "LogFormat",
+    "LoggingConfig",
     "OneLineReconnects",
     "configure_logging",
     "record_fields",
 ]
 
 LogFormat = Literal["kv", "json"]
+
+
+@attrs.frozen
+class LoggingConfig:
+    """Log output."""
+
+    format: Literal["kv", "json"] = setting(
+        "kv",
+        "`kv` writes `key=value` lines for people; `json` writes one JSON object per line for "
+        "log collectors. Every line carries a stable `event` key.",
+        choice("kv", "json"),
+    )
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = setting(
+        "INFO",
+        "Lowest level written (case-insensitive).",
+        choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+    )
+
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD_ATTRS: Final = frozenset(

@@ -2,12 +2,15 @@
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
 import pytest
 
 from engine.config import (
+    DashboardConfig,
     EngineConfig,
     QueueConfig,
     WorkerConfig,
@@ -17,7 +20,10 @@ from engine.config import (
     iter_fields,
     load_config,
 )
+from engine.config.engine import SECTION_CLASSES
 from engine.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def only(problem: str) -> str:
@@ -568,6 +574,50 @@ def test_direct_construction_validates_fields() -> None:
 def test_direct_construction_validates_rules() -> None:
     with pytest.raises(ValueError, match=r"\Arecovery\.stale_after must be more than twice"):
         EngineConfig(worker=WorkerConfig(refresh_interval=30.0))
+
+
+def test_a_section_made_alone_checks_its_own_rules() -> None:
+    with pytest.raises(
+        ValueError, match=r"\Aqueue\.fetch_cooldown must not exceed queue\.fetch_poll_interval\Z"
+    ):
+        QueueConfig(fetch_cooldown=2.0)
+    with pytest.raises(ValueError, match=r"\Adashboard\.username and dashboard\.password go"):
+        DashboardConfig(username="admin")
+
+
+# --- where the sections live ----------------------------------------------------------------
+
+
+def test_a_sections_rules_name_only_its_own_fields() -> None:
+    """A section checks its rules when made alone, so they may name nothing outside it; a rule
+    between sections belongs to EngineConfig."""
+    for section, cls in SECTION_CLASSES.items():
+        own = {f"{section}.{a.name}" for a in attrs.fields(cls)}
+        for rule in getattr(cls, "rules", ()):
+            assert set(rule.names) <= own, (section, rule.text)
+    for rule in EngineConfig.rules:
+        assert len({name.split(".")[0] for name in rule.names}) > 1, rule.text
+
+
+@pytest.mark.parametrize("module", sorted({cls.__module__ for cls in SECTION_CLASSES.values()}))
+def test_a_section_module_does_not_import_the_engine_config(module: str) -> None:
+    """Each service's config module is a lower layer: importing it must not load
+    engine.config, which imports every section (a cycle, and every service at once)."""
+    code = (
+        f"import sys, {module}\n"
+        "print(sorted(m for m in sys.modules if m == 'engine.config' "
+        "or m.startswith('engine.config.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", f"{module} imports {done.stdout.strip()}"
+
+
+def test_field_docs_name_only_files_of_the_repository() -> None:
+    for info in iter_fields():
+        for name in re.findall(r"[\w./-]+\.(?:md|py|go|toml|txt)\b", info.doc):
+            assert (ROOT / name).exists() or (ROOT / "docs" / name).exists(), (info.name, name)
 
 
 # --- field listing and the reference document -----------------------------------------------

@@ -23,9 +23,9 @@ import trio
 import trio.lowlevel
 
 from engine.bench.common import BenchDatabase, percentile
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.queue import Job, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine.queue.insert import insert_many, prepare
 
 __all__ = ["TARGETS", "BurnDown", "burn_down", "run_queue_bench"]

@@ -105,7 +105,7 @@ def run_benchmarks(
 
     async def main() -> None:
         nonlocal server
-        async with asyncio_loop(), open_urls(config) as urls:
+        async with asyncio_loop(), open_urls(config.database, config.data_dir) as urls:
             server = await _server_version(urls.tasks)
             print(f"PostgreSQL {server} ({redact(urls.tasks)})", flush=True)
             for name in chosen:

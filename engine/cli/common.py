@@ -43,10 +43,10 @@ import trio
 
 from engine.config import EngineConfig
 from engine.db.bridge import asyncio_loop
-from engine.db.database import DatabaseUrls
+from engine.db.database import DatabaseUrls, open_database
 from engine.db.dsn import redact
 from engine.db.migrate import pending_migrations
-from engine.db.resolve import open_configured, open_urls
+from engine.db.resolve import open_urls
 from engine.errors import MigrationError
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
@@ -71,8 +71,8 @@ async def check_schema(config: EngineConfig, urls: DatabaseUrls) -> None:
             and ``python -m engine migrate``.
         DatabaseError: the database cannot be reached.
     """
-    async with open_configured(
-        config, urls, min_size=1, max_size=1, application_name="engine-cli"
+    async with open_database(
+        urls, config.database, min_size=1, max_size=1, application_name="engine-cli"
     ) as db:
         for pool in db.distinct_pools():
             async with pool.acquire() as conn:
@@ -103,7 +103,10 @@ def run_with_engine(
         )
 
     async def main() -> int:
-        async with asyncio_loop(), open_urls(config, create_cluster=False) as urls:
+        async with (
+            asyncio_loop(),
+            open_urls(config.database, config.data_dir, create_cluster=False) as urls,
+        ):
             if readonly:
                 await check_schema(config, urls)
             async with open_engine(config, control=False, urls=urls) as eng:

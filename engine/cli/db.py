@@ -39,7 +39,7 @@ def _external_server_error(config: EngineConfig, command: str) -> int:
 
 
 def _db_start(config: EngineConfig) -> int:
-    data_dir = embedded_data_dir(config)
+    data_dir = embedded_data_dir(config.data_dir)
     server = embedded.acquire(data_dir, pin=True)
     ensure_database_blocking(server.dsn("postgres"), ENGINE_DATABASE)
     print(
@@ -52,12 +52,12 @@ def _db_start(config: EngineConfig) -> int:
 
 
 def _db_stop(config: EngineConfig) -> int:
-    print(embedded.stop(embedded_data_dir(config)))
+    print(embedded.stop(embedded_data_dir(config.data_dir)))
     return EXIT_OK
 
 
 def _db_status(config: EngineConfig, *, as_json: bool) -> int:
-    st = embedded.status(embedded_data_dir(config))
+    st = embedded.status(embedded_data_dir(config.data_dir))
     url = (
         embedded.EmbeddedServer(st.data_dir, st.port).dsn(ENGINE_DATABASE)
         if st.running and st.port is not None
@@ -92,7 +92,7 @@ def _db_url(config: EngineConfig) -> int:
     if config.database.url:
         print(config.database.url)
         return EXIT_OK
-    admin = embedded.url(embedded_data_dir(config))  # raises if not running
+    admin = embedded.url(embedded_data_dir(config.data_dir))  # raises if not running
     ensure_database_blocking(admin, ENGINE_DATABASE)
     print(replace_database(admin, ENGINE_DATABASE))
     return EXIT_OK

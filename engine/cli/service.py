@@ -24,9 +24,10 @@ from engine.cli.exits import EXIT_INTERRUPTED, EXIT_OK
 from engine.cli.signals import Shutdown, serve_until_signal
 from engine.config import EngineConfig
 from engine.db.bridge import asyncio_loop
+from engine.db.database import open_database
 from engine.db.dsn import redact
 from engine.db.migrate import MigrationReport
-from engine.db.resolve import migrate_databases, open_configured, open_urls
+from engine.db.resolve import migrate_databases, open_urls
 from engine.providers.simulated import SimulatedProvider
 from engine.service.engine import Engine
 from engine.service.root import serve
@@ -99,9 +100,9 @@ def run_migrate(_args: argparse.Namespace, config: EngineConfig) -> int:
     async def run_migrations(_shutdown: Shutdown) -> None:
         async with (
             asyncio_loop(),
-            open_urls(config) as urls,
-            open_configured(
-                config, urls, min_size=1, max_size=1, application_name="engine-migrate"
+            open_urls(config.database, config.data_dir) as urls,
+            open_database(
+                urls, config.database, min_size=1, max_size=1, application_name="engine-migrate"
             ) as db,
         ):
             reports.extend(await migrate_databases(db, river_indexes=config.queue.river_indexes))

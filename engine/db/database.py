@@ -27,7 +27,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
-from engine.db.bridge import Pool, Pooler, asyncio_loop, connect, create_pool
+from engine.db.bridge import Pool, asyncio_loop, connect, create_pool
+from engine.db.config import DatabaseConfig
 from engine.db.dsn import redact
 from engine.db.sqlfiles import QUERIES
 from engine.errors import ConfigError, ConnectionLost
@@ -71,23 +72,20 @@ class Database:
 @asynccontextmanager
 async def open_database(
     urls: DatabaseUrls,
+    settings: DatabaseConfig | None = None,
     *,
-    min_size: int = 1,
-    max_size: int = 10,
-    statement_cache_size: int = 100,
-    lock_timeout: float | None = None,
-    command_timeout: float | None = None,
-    attempts: int = 3,
-    retry_delay: float = 2.0,
+    min_size: int | None = None,
+    max_size: int | None = None,
     application_name: str = "engine",
-    pooler: Pooler = "none",
-    listen_url: str | None = None,
 ) -> AsyncIterator[Database]:
-    """Open the role pools, retrying an unreachable server ``attempts`` times.
+    """Open the role pools with every setting of the ``[database]`` section ``settings``
+    (its defaults if None), retrying an unreachable server ``database.connect_attempts``
+    times; ``min_size`` and ``max_size`` replace the section's pool sizes when given.
 
-    ``pooler`` says what the role URLs go through (``database.pooler``) and ``listen_url`` is
-    the direct URL for LISTEN (``database.listen_url``; see the module docstring): each pool's
-    :attr:`~engine.db.bridge.Pool.listen_dsn`.
+    ``database.pooler`` says what the role URLs go through and ``database.listen_url`` is
+    the direct URL for LISTEN (see the module docstring): each pool's
+    :attr:`~engine.db.bridge.Pool.listen_dsn`. URLs are not read from ``settings``: they come
+    resolved in ``urls`` (:mod:`engine.db.resolve`).
 
     The Go worker retries start-up 3 times 2 s apart and then gives up loudly; so do we
     (``database.connect_attempts``), and the service retries its whole start on top of that
@@ -99,6 +97,8 @@ async def open_database(
         ConfigError: a role's URL, or ``listen_url``, reaches another database than the tasks
             URL (see the module docstring).
     """
+    dbc = DatabaseConfig() if settings is None else settings
+    pooler, listen_url = dbc.pooler, dbc.listen_url
     if pooler == "transaction":
         log.info(
             "behind a transaction pooler: no prepared statement cache, lock_timeout per "
@@ -111,13 +111,13 @@ async def open_database(
         for url in dict.fromkeys((urls.tasks, urls.coordination, urls.queue)):
             pool = await _create_with_retry(
                 url,
-                attempts=max(1, attempts),
-                retry_delay=retry_delay,
-                min_size=min_size,
-                max_size=max_size,
-                statement_cache_size=statement_cache_size,
-                lock_timeout=lock_timeout,
-                command_timeout=command_timeout,
+                attempts=dbc.connect_attempts,
+                retry_delay=dbc.connect_retry_delay,
+                min_size=dbc.pool_min_size if min_size is None else min_size,
+                max_size=dbc.pool_max_size if max_size is None else max_size,
+                statement_cache_size=dbc.statement_cache_size,
+                lock_timeout=dbc.lock_timeout,
+                command_timeout=dbc.command_timeout,
                 application_name=application_name,
                 pooler=pooler,
                 listen_dsn=listen_url,

@@ -1,7 +1,8 @@
 """Where the engine's database is: a configured URL, or the embedded server in ``data_dir``.
 
-:func:`database_urls` (blocking) and :func:`open_urls` (async, for trio code) turn an
-:class:`~engine.config.EngineConfig` into :class:`~engine.db.database.DatabaseUrls`:
+:func:`database_urls` (blocking) and :func:`open_urls` (async, for trio code) turn the
+``[database]`` section (:class:`~engine.db.config.DatabaseConfig`) and the top-level
+``data_dir`` setting into :class:`~engine.db.database.DatabaseUrls`:
 
 * ``database.url`` set: the three role URLs come from ``database.tasks_url`` /
   ``coordination_url`` / ``queue_url``, each defaulting to ``database.url``. Nothing is started
@@ -31,9 +32,9 @@ from typing import Final
 import trio
 
 from engine import embedded
-from engine.config import EngineConfig
 from engine.db.bridge import asyncio_loop, connect
-from engine.db.database import Database, DatabaseUrls, open_database
+from engine.db.config import DatabaseConfig
+from engine.db.database import Database, DatabaseUrls
 from engine.db.dsn import redact, replace_database
 from engine.db.migrate import MigrationReport, migrate
 from engine.errors import ConfigError, DatabaseError, DataDirError, UniqueViolation
@@ -67,9 +68,8 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def external_urls(config: EngineConfig) -> DatabaseUrls | None:
+def external_urls(db: DatabaseConfig) -> DatabaseUrls | None:
     """The role URLs when ``database.url`` is set, else None (the embedded server is used)."""
-    db = config.database
     if not db.url:
         return None
     return DatabaseUrls(
@@ -79,9 +79,10 @@ def external_urls(config: EngineConfig) -> DatabaseUrls | None:
     )
 
 
-def embedded_data_dir(config: EngineConfig) -> Path:
-    """The embedded server's data directory: ``data_dir`` or the platform default."""
-    return config.data_dir or embedded.default_data_dir()
+def embedded_data_dir(data_dir: Path | None) -> Path:
+    """The embedded server's data directory: ``data_dir`` (the setting) or the platform
+    default."""
+    return data_dir or embedded.default_data_dir()
 
 
 def existing_cluster(data_dir: Path) -> None:
@@ -199,8 +200,9 @@ def _run_in_new_thread(fn: Callable[[], object]) -> None:
 
 
 @contextlib.contextmanager
-def database_urls(config: EngineConfig) -> Iterator[DatabaseUrls]:
-    """Resolve the database for the ``with`` block (blocking; see the module docstring).
+def database_urls(db: DatabaseConfig, data_dir: Path | None) -> Iterator[DatabaseUrls]:
+    """Resolve the database of the ``[database]`` section ``db`` and the ``data_dir`` setting
+    for the ``with`` block (blocking; see the module docstring).
 
     With the embedded server, it is acquired (started if needed) before the block and released
     after it, and the database :data:`ENGINE_DATABASE` exists when the block starts. Call it
@@ -210,18 +212,18 @@ def database_urls(config: EngineConfig) -> Iterator[DatabaseUrls]:
         EmbeddedPostgresError: the embedded server could not be found, started or used.
         DatabaseError: the ``engine`` database could not be created.
     """
-    urls = external_urls(config)
+    urls = external_urls(db)
     if urls is not None:
         yield urls
         return
-    with embedded.embedded_server(embedded_data_dir(config)) as server:
+    with embedded.embedded_server(embedded_data_dir(data_dir)) as server:
         ensure_database_blocking(server.dsn("postgres"), ENGINE_DATABASE)
         yield DatabaseUrls.single(server.dsn(ENGINE_DATABASE))
 
 
 @contextlib.asynccontextmanager
 async def open_urls(
-    config: EngineConfig, *, create_cluster: bool = True
+    db: DatabaseConfig, data_dir: Path | None, *, create_cluster: bool = True
 ) -> AsyncIterator[DatabaseUrls]:
     """Async :func:`database_urls` for trio code: the blocking start and stop run in threads.
 
@@ -236,18 +238,18 @@ async def open_urls(
         EmbeddedPostgresError: the embedded server could not be found, started or used.
         DatabaseError: the ``engine`` database could not be created.
     """
-    urls = external_urls(config)
+    urls = external_urls(db)
     if urls is not None:
         yield urls
         return
-    data_dir = embedded_data_dir(config)
+    directory = embedded_data_dir(data_dir)
     if not create_cluster:
-        await trio.to_thread.run_sync(existing_cluster, data_dir)
-    server = await trio.to_thread.run_sync(embedded.acquire, data_dir)
+        await trio.to_thread.run_sync(existing_cluster, directory)
+    server = await trio.to_thread.run_sync(embedded.acquire, directory)
     try:
         log.info(
             "using the embedded PostgreSQL server",
-            extra={"event": "embedded_server_acquired", "data_dir": str(data_dir),
+            extra={"event": "embedded_server_acquired", "data_dir": str(directory),
                    "port": server.port},
         )  # fmt: skip
         await ensure_database(server.dsn("postgres"), ENGINE_DATABASE)
@@ -257,32 +259,6 @@ async def open_urls(
         # bounded here: pg_ctl stop has its own timeout inside embedded.
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(server.release)
-
-
-def open_configured(
-    config: EngineConfig,
-    urls: DatabaseUrls,
-    *,
-    min_size: int | None = None,
-    max_size: int | None = None,
-    application_name: str = "engine",
-) -> contextlib.AbstractAsyncContextManager[Database]:
-    """:func:`~engine.db.database.open_database` of ``urls`` with every setting of the
-    ``database`` section (pool sizes from it unless given)."""
-    dbc = config.database
-    return open_database(
-        urls,
-        min_size=dbc.pool_min_size if min_size is None else min_size,
-        max_size=dbc.pool_max_size if max_size is None else max_size,
-        statement_cache_size=dbc.statement_cache_size,
-        lock_timeout=dbc.lock_timeout,
-        command_timeout=dbc.command_timeout,
-        attempts=dbc.connect_attempts,
-        retry_delay=dbc.connect_retry_delay,
-        pooler=dbc.pooler,
-        listen_url=dbc.listen_url,
-        application_name=application_name,
-    )
 
 
 async def migrate_databases(

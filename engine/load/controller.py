@@ -34,6 +34,7 @@ import attrs
 import trio
 
 from engine.load.clock import Clock, MonotonicClock
+from engine.load.config import LoadConfig
 from engine.tasks.gates import LoadGate, Phase
 
 __all__ = [
@@ -125,17 +126,34 @@ class LoadThresholds:
     raise it; ``recover_samples`` consecutive samples below lower it (slower on purpose, so a
     brief dip does not reopen the gates). ``max_sample_age`` (seconds, ``None`` = no limit)
     drops readings that arrive too late to describe the present.
+
+    The fractions and sample counts are the ``[load]`` settings: :meth:`from_section` is where
+    they are filled in.
     """
 
-    cpu_elevated: float = 0.80
-    cpu_critical: float = 0.95
-    memory_elevated: float = 0.75
-    memory_critical: float = 0.90
-    db_elevated: float = 0.70
-    db_critical: float = 0.90
-    escalate_samples: int = attrs.field(default=2, validator=attrs.validators.ge(1))
-    recover_samples: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+    cpu_elevated: float
+    cpu_critical: float
+    memory_elevated: float
+    memory_critical: float
+    db_elevated: float
+    db_critical: float
+    escalate_samples: int = attrs.field(validator=attrs.validators.ge(1))
+    recover_samples: int = attrs.field(validator=attrs.validators.ge(1))
     max_sample_age: float | None = 30.0
+
+    @classmethod
+    def from_section(cls, section: LoadConfig) -> LoadThresholds:
+        """The thresholds of the ``[load]`` section."""
+        return cls(
+            cpu_elevated=section.cpu_elevated,
+            cpu_critical=section.cpu_critical,
+            memory_elevated=section.memory_elevated,
+            memory_critical=section.memory_critical,
+            db_elevated=section.db_connections_elevated,
+            db_critical=section.db_connections_critical,
+            escalate_samples=section.escalate_samples,
+            recover_samples=section.recover_samples,
+        )
 
     def __attrs_post_init__(self) -> None:
         """Reject thresholds that cannot be ordered normal < elevated <= critical."""
@@ -395,7 +413,7 @@ class LoadController:
             mode: ``"legacy"``, ``"observe"`` or ``"adaptive"``.
             claim_limit: this instance's allocated capacity (>= 0).
             heavy_limit: the heavy-phase limit; 0 means "the claim limit".
-            thresholds: pressure thresholds; the defaults of :class:`LoadThresholds` if ``None``.
+            thresholds: pressure thresholds; those of the ``[load]`` defaults if ``None``.
             clock: the timebase of ``sampled_at``; :class:`MonotonicClock` if ``None``.
 
         Raises:
@@ -410,7 +428,9 @@ class LoadController:
         self._mode: LoadMode = mode
         self._claim_limit = claim_limit
         self._heavy_config = heavy_limit
-        self._thresholds = thresholds if thresholds is not None else LoadThresholds()
+        self._thresholds = (
+            thresholds if thresholds is not None else LoadThresholds.from_section(LoadConfig())
+        )
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._safe = claim_limit
         self._state = PressureState.NORMAL

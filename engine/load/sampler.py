@@ -431,7 +431,7 @@ class LoadSamplerService:
         controller: LoadController,
         sampler: Sampler,
         *,
-        interval: float = 1.0,
+        interval: float,
         connections: Callable[[], tuple[int, int]] | None = None,
         on_snapshot: Callable[[LoadSnapshot], None] | None = None,
     ) -> None:

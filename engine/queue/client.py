@@ -39,13 +39,13 @@ from typing import Any
 
 import trio
 
-from engine.config import QueueConfig
 from engine.db.bridge import Connection
 from engine.db.channels import RiverChannels, river_channels
 from engine.db.database import Database
 from engine.db.listen import ListenHub
 from engine.db.sqlfiles import QUERIES
 from engine.queue.completer import Completer, CompleterConfig
+from engine.queue.config import QueueConfig
 from engine.queue.elector import Elector, ElectorConfig
 from engine.queue.generation import Generation, GenerationConfig
 from engine.queue.insert import InsertParams, insert, insert_many, insert_tx, prepare
@@ -236,14 +236,11 @@ class QueueClient:
         if self.workers is None:
             raise RuntimeError("make_generation needs a queue client made with workers")
         generation = Generation(
-            GenerationConfig(
+            GenerationConfig.from_section(
+                self.config,
                 client_id=self.client_id(sum(queues.values())),
-                queues=dict(queues),
-                cooldown=self.config.fetch_cooldown,
-                poll_interval=self.config.fetch_poll_interval,
-                claim_timeout=self.config.hot_operation_timeout,
-                job_timeout=self.config.job_timeout,
-                **({} if args_filter is None else {"args_filter": args_filter}),
+                queues=queues,
+                args_filter=args_filter,
             ),
             pool=self.db.queue,
             workers=self.workers,
@@ -285,11 +282,7 @@ class QueueClient:
         self.elector = Elector(
             self.db.queue,
             self.notifier,
-            ElectorConfig(
-                leader_id=f"{self.instance_id}-leader",
-                interval=self.config.leader_elect_interval,
-                ttl=self.config.leader_ttl,
-            ),
+            ElectorConfig.from_section(self.config, leader_id=f"{self.instance_id}-leader"),
             self._lead,
         )
         return self.elector
@@ -321,19 +314,10 @@ class QueueClient:
             await self.notifier.run(task_status=task_status)
 
     async def _lead(self) -> None:
-        cfg = self.config
         scheduler = JobScheduler(
-            self.db.queue, self.channels.insert, SchedulerConfig(interval=cfg.scheduler_interval)
+            self.db.queue, self.channels.insert, SchedulerConfig.from_section(self.config)
         )
-        cleaner = JobCleaner(
-            self.db.queue,
-            CleanerConfig(
-                interval=cfg.cleaner_interval,
-                completed_retention=cfg.completed_retention,
-                cancelled_retention=cfg.cancelled_retention,
-                discarded_retention=cfg.discarded_retention,
-            ),
-        )
+        cleaner = JobCleaner(self.db.queue, CleanerConfig.from_section(self.config))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scheduler.run)
             nursery.start_soon(cleaner.run)
@@ -360,14 +344,7 @@ async def make_queue_client(
     channels = await river_channels(db.queue)
     completer = Completer(
         db.queue,
-        CompleterConfig(
-            tick=config.completer_tick,
-            flush_size=config.completer_flush_size,
-            max_batch=config.completer_max_batch,
-            backpressure_high=config.completer_backpressure_high,
-            backpressure_low=config.completer_backpressure_low,
-            attempt_timeout=config.hot_operation_timeout,
-        ),
+        CompleterConfig.from_section(config),
         notify_channel=channels.insert,
     )
     return QueueClient(

@@ -25,6 +25,7 @@ import trio
 from engine.db.bridge import Connection, Pool, Record
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.queue.config import QueueConfig
 from engine.queue.executor import Completion
 from engine.queue.notifier import notify_queues
 from engine.queue.states import JobState
@@ -42,16 +43,34 @@ _SET_COMPLETED = QUERIES["job_set_completed_if_running_many"]
 
 @attrs.frozen
 class CompleterConfig:
-    """Batching knobs; defaults follow River's completer."""
+    """Batching knobs, made by :meth:`from_section` from the ``[queue]`` section."""
 
-    tick: float = 0.05
-    flush_size: int = 100
-    max_batch: int = 5000
-    backpressure_high: int = 10_000
-    backpressure_low: int = 5000
-    attempt_timeout: float = 10.0
+    tick: float
+    """``queue.completer_tick``."""
+    flush_size: int
+    """``queue.completer_flush_size``."""
+    max_batch: int
+    """``queue.completer_max_batch``."""
+    backpressure_high: int
+    """``queue.completer_backpressure_high``."""
+    backpressure_low: int
+    """``queue.completer_backpressure_low``."""
+    attempt_timeout: float
+    """``queue.hot_operation_timeout``."""
     #: How long the final flush at shutdown keeps retrying a failing database.
     final_flush_timeout: float = 30.0
+
+    @classmethod
+    def from_section(cls, section: QueueConfig) -> CompleterConfig:
+        """The completer's knobs from the ``[queue]`` section."""
+        return cls(
+            tick=section.completer_tick,
+            flush_size=section.completer_flush_size,
+            max_batch=section.completer_max_batch,
+            backpressure_high=section.completer_backpressure_high,
+            backpressure_low=section.completer_backpressure_low,
+            attempt_timeout=section.hot_operation_timeout,
+        )
 
 
 class Completer:
@@ -66,7 +85,7 @@ class Completer:
     def __init__(
         self,
         pool: Pool,
-        config: CompleterConfig = CompleterConfig(),
+        config: CompleterConfig,
         *,
         notify_channel: str | None = None,
         on_flushed: Callable[[Sequence[Completion], float | None], None] | None = None,

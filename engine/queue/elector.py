@@ -19,6 +19,7 @@ import trio
 from engine.db.bridge import RELEASE_TIMEOUT, Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.queue.config import QueueConfig
 from engine.queue.notifier import Notifier
 
 __all__ = ["Elector", "ElectorConfig"]
@@ -32,11 +33,20 @@ _RESIGN = QUERIES["leader_resign"]
 
 @attrs.frozen
 class ElectorConfig:
-    """River's defaults: try every 5 s (+ up to 1 s jitter), terms of 15 s."""
+    """Who campaigns and how often; made by :meth:`from_section`."""
 
     leader_id: str
-    interval: float = 5.0
-    ttl: float = 15.0
+    interval: float
+    """Seconds between attempts, plus up to 1 s jitter (``queue.leader_elect_interval``)."""
+    ttl: float
+    """Seconds a term lasts without renewal (``queue.leader_ttl``)."""
+
+    @classmethod
+    def from_section(cls, section: QueueConfig, *, leader_id: str) -> ElectorConfig:
+        """``leader_id``'s campaign, timed by the ``[queue]`` section."""
+        return cls(
+            leader_id=leader_id, interval=section.leader_elect_interval, ttl=section.leader_ttl
+        )
 
 
 class Elector:

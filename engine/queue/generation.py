@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 import trio
 
 from engine.db.bridge import Pool
 from engine.queue.completer import Completer
+from engine.queue.config import QueueConfig
 from engine.queue.job import Job
 from engine.queue.notifier import Notifier
 from engine.queue.producer import Producer, ProducerConfig, normalize_args_filter
@@ -41,22 +42,49 @@ _numbers = itertools.count(1)
 
 @attrs.frozen
 class GenerationConfig:
-    """What one generation runs: ``queues`` maps queue name to ``max_workers``."""
+    """What one generation runs: ``queues`` maps queue name to ``max_workers``.
+
+    Made by :meth:`from_section`: its timing comes from the ``[queue]`` section, the one home
+    of those defaults.
+    """
 
     client_id: str
     queues: Mapping[str, int]
-    cooldown: float = 0.005
-    poll_interval: float = 1.0
-    claim_timeout: float = 10.0
-    job_timeout: float | None = None
-    """Deadline of a job whose worker has no timeout of its own; None means none (River's
-    client ``JobTimeout``)."""
+    cooldown: float
+    """``queue.fetch_cooldown``."""
+    poll_interval: float
+    """``queue.fetch_poll_interval``."""
+    claim_timeout: float
+    """``queue.hot_operation_timeout``."""
+    job_timeout: float | None
+    """Deadline of a job whose worker has no timeout of its own; None means none
+    (``queue.job_timeout``)."""
     args_filter: tuple[str, tuple[str, ...]] | None = attrs.field(
         default=None, converter=normalize_args_filter
     )
     """``(key, values)``: every producer of the generation claims only jobs whose args lack
     ``key`` (or hold null there) or hold one of ``values``; None claims every job (see
     :mod:`engine.queue.producer`)."""
+
+    @classmethod
+    def from_section(
+        cls,
+        section: QueueConfig,
+        *,
+        client_id: str,
+        queues: Mapping[str, int],
+        args_filter: tuple[str, Iterable[str]] | None = None,
+    ) -> GenerationConfig:
+        """The generation of ``queues`` for ``client_id``, timed by the ``[queue]`` section."""
+        return cls(
+            client_id=client_id,
+            queues=dict(queues),
+            cooldown=section.fetch_cooldown,
+            poll_interval=section.fetch_poll_interval,
+            claim_timeout=section.hot_operation_timeout,
+            job_timeout=section.job_timeout,
+            args_filter=args_filter,
+        )
 
 
 class Generation:

@@ -16,6 +16,7 @@ import trio
 from engine.db.bridge import Pool
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.queue.config import QueueConfig
 from engine.queue.notifier import notify_queues
 
 __all__ = ["CleanerConfig", "JobCleaner", "JobScheduler", "SchedulerConfig"]
@@ -28,10 +29,16 @@ _DELETE = QUERIES["job_delete_before"]
 
 @attrs.frozen
 class SchedulerConfig:
-    """River's scheduler defaults: every 5 s, batches of 10,000."""
+    """The scheduler's period (``queue.scheduler_interval``) and batch size (River's 10,000);
+    made by :meth:`from_section`."""
 
-    interval: float = 5.0
+    interval: float
     batch_size: int = 10_000
+
+    @classmethod
+    def from_section(cls, section: QueueConfig) -> SchedulerConfig:
+        """The scheduler of the ``[queue]`` section."""
+        return cls(interval=section.scheduler_interval)
 
 
 class JobScheduler:
@@ -67,13 +74,24 @@ class JobScheduler:
 
 @attrs.frozen
 class CleanerConfig:
-    """Retention per final state, in seconds (None keeps forever); River's defaults."""
+    """The cleaner's period and the retention per final state, in seconds (None keeps
+    forever), from the ``[queue]`` section (:meth:`from_section`); batches of River's 10,000."""
 
-    interval: float = 30.0
-    completed_retention: float | None = 86_400.0
-    cancelled_retention: float | None = 86_400.0
-    discarded_retention: float | None = 604_800.0
+    interval: float
+    completed_retention: float | None
+    cancelled_retention: float | None
+    discarded_retention: float | None
     batch_size: int = 10_000
+
+    @classmethod
+    def from_section(cls, section: QueueConfig) -> CleanerConfig:
+        """The cleaner of the ``[queue]`` section."""
+        return cls(
+            interval=section.cleaner_interval,
+            completed_retention=section.completed_retention,
+            cancelled_retention=section.cancelled_retention,
+            discarded_retention=section.discarded_retention,
+        )
 
 
 class JobCleaner:

@@ -75,14 +75,18 @@ def normalize_args_filter(
 
 @attrs.frozen
 class ProducerConfig:
-    """How one producer fetches."""
+    """How one producer fetches; its generation fills in the timing from its own
+    :class:`~engine.queue.generation.GenerationConfig` (the ``[queue]`` section)."""
 
     queue: str
     max_workers: int
     client_id: str
-    cooldown: float = 0.005
-    poll_interval: float = 1.0
-    claim_timeout: float = 10.0
+    cooldown: float
+    """Least time between two fetches that found the queue drained (``queue.fetch_cooldown``)."""
+    poll_interval: float
+    """Fallback fetch period, before jitter (``queue.fetch_poll_interval``)."""
+    claim_timeout: float
+    """Deadline of one claim statement (``queue.hot_operation_timeout``)."""
     #: Claim loops, each with its own connection (see :meth:`Producer.run`).
     fetchers: int = 2
     #: Most completions one claim carries for the completer.

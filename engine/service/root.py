@@ -65,7 +65,7 @@ from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
 from engine.db.channels import every_channel, river_channels
-from engine.db.database import Database, DatabaseUrls
+from engine.db.database import Database, DatabaseUrls, open_database
 from engine.db.dsn import redact
 from engine.db.listen import ListenHub
 from engine.db.probe import probe_database
@@ -73,7 +73,6 @@ from engine.db.resolve import (
     embedded_data_dir,
     external_urls,
     migrate_databases,
-    open_configured,
     open_urls,
 )
 from engine.db.sqlfiles import QUERIES
@@ -231,20 +230,6 @@ def _describe(exc: BaseException) -> str:
     return str(leaf) or type(leaf).__name__
 
 
-def _thresholds(config: EngineConfig) -> LoadThresholds:
-    load = config.load
-    return LoadThresholds(
-        cpu_elevated=load.cpu_elevated,
-        cpu_critical=load.cpu_critical,
-        memory_elevated=load.memory_elevated,
-        memory_critical=load.memory_critical,
-        db_elevated=load.db_connections_elevated,
-        db_critical=load.db_connections_critical,
-        escalate_samples=load.escalate_samples,
-        recover_samples=load.recover_samples,
-    )
-
-
 def _fixed_size(config: EngineConfig) -> int:
     worker = config.worker
     # One generation runs at most MAX_WORKERS jobs, whatever the cluster-wide cap allows.
@@ -282,12 +267,10 @@ async def _serve_once(
         # close), before the providers' own context closes.
         resources = await stack.enter_async_context(open_lifespans(served)) if worker else {}
         # The embedded server is ours to keep up only when we started it from the config.
-        external = urls is not None or external_urls(config) is not None
+        external = urls is not None or external_urls(config.database) is not None
         if urls is None:
-            urls = await stack.enter_async_context(open_urls(config))
-        db = await stack.enter_async_context(
-            open_configured(config, urls)
-        )
+            urls = await stack.enter_async_context(open_urls(config.database, config.data_dir))
+        db = await stack.enter_async_context(open_database(urls, config.database))
         if dbc.migrate_on_start:
             await migrate_databases(db, river_indexes=config.queue.river_indexes)
         if load is None and worker:
@@ -295,7 +278,7 @@ async def _serve_once(
                 mode=config.load.mode,
                 claim_limit=0,
                 heavy_limit=config.load.heavy_limit,
-                thresholds=_thresholds(config),
+                thresholds=LoadThresholds.from_section(config.load),
             )
         engine = await _assemble(config, db, urls, served, simulated, load if worker else None)
         engine.runner.resources = resources
@@ -304,7 +287,7 @@ async def _serve_once(
             worker=worker,
             control=control,
             schedules=every_schedule,
-            watch=None if external else embedded_data_dir(config),
+            watch=None if external else embedded_data_dir(config.data_dir),
             on_started=on_started,
         )
 

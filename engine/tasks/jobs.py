@@ -27,10 +27,10 @@ from typing import ClassVar, Final
 import attrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from engine.config import QueueConfig
 from engine.db.bridge import Connection, Record
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import RunMode
+from engine.queue.config import QueueConfig
 from engine.queue.insert import InsertParams, insert_tx, prepare
 from engine.queue.job import InsertOpts, InsertResult, converter
 from engine.queue.states import GATEWAY_UNIQUE_STATES

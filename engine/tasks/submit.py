@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import NoReturn
 
-from engine.config import QueueConfig, TasksConfig
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Identity, TaskRequest
 from engine.errors import InvalidTask
+from engine.queue.config import QueueConfig
+from engine.tasks.config import TasksConfig
 from engine.tasks.jobs import TaskJob, insert_task_jobs
 from engine.tasks.jsoncheck import bad_character, json_problem
 

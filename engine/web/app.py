@@ -25,7 +25,6 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.config import DashboardConfig
 from engine.metrics import Metrics
 from engine.web.auth import (
     CSRF_COOKIE,
@@ -35,6 +34,7 @@ from engine.web.auth import (
     same_origin,
 )
 from engine.web.common import WebContext
+from engine.web.config import DashboardConfig
 
 if TYPE_CHECKING:
     # Type-only: the web layer serves the open Engine and sits below engine.service.

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from engine.config import DashboardConfig
 from engine.errors import ConfigError
+from engine.web.config import DashboardConfig
 
 __all__ = [
     "CSRF_COOKIE",

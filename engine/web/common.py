@@ -20,8 +20,8 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from engine.config import DashboardConfig
 from engine.web.auth import CSRF_COOKIE, CSRF_FIELD, Identity, csrf_ok
+from engine.web.config import DashboardConfig
 
 if TYPE_CHECKING:
     # Type-only: the web layer serves the open Engine and sits below engine.service.

@@ -514,7 +514,7 @@ async def test_ensure_database_tolerates_concurrent_creators(
 @pytest.mark.slow
 def test_database_urls_holds_the_embedded_server_for_the_block(data_dir: Path) -> None:
     config = load_config(env={}, overrides={"data_dir": str(data_dir)})
-    with database_urls(config) as urls:
+    with database_urls(config.database, config.data_dir) as urls:
         assert urls.tasks == urls.coordination == urls.queue
         st = embedded.status(data_dir)
         assert st.running and st.holders == [os.getpid()]
@@ -536,7 +536,7 @@ def test_database_urls_with_an_external_url_starts_nothing() -> None:
     config = load_config(
         env={}, overrides={"database.url": base, "database.coordination_url": base + "2"}
     )
-    with database_urls(config) as urls:
+    with database_urls(config.database, config.data_dir) as urls:
         assert urls == DatabaseUrls(tasks=base, coordination=base + "2", queue=base)
 
 

@@ -19,6 +19,7 @@ import trio
 from engine.cli.main import main as cli_main
 from engine.config import config_problems_exit_code, load_config
 from engine.db.bridge import Connection, connect
+from engine.db.config import DatabaseConfig
 from engine.db.database import DatabaseUrls, open_database
 from engine.db.listen import LISTEN_APPLICATION_NAME
 from engine.db.migrate import pending_migrations
@@ -184,9 +185,8 @@ async def test_lock_timeout_applies_per_transaction_through_the_pooler(
             await holder.execute("INSERT INTO locked_row VALUES (1)")
             async with open_database(
                 DatabaseUrls.single(pooled_url),
+                DatabaseConfig(pooler="transaction", lock_timeout=0.2, migrate_on_start=False),
                 max_size=2,
-                pooler="transaction",
-                lock_timeout=0.2,
             ) as db:
                 async with holder.transaction():
                     await holder.execute("SELECT id FROM locked_row FOR UPDATE")
@@ -224,11 +224,13 @@ async def test_migrations_run_on_the_direct_url(
     refuses with a ConfigError naming the setting."""
     async with scratch_database(pg_admin_url, "engine_t_", migrated=False) as empty_url:
         pooled = DatabaseUrls.single(bouncer.url_for(empty_url))
-        async with open_database(pooled, max_size=2, pooler="transaction") as db:
+        # No listen_url: migrate_on_start must be off, but migrate_databases may be called.
+        no_direct_url = DatabaseConfig(pooler="transaction", migrate_on_start=False)
+        async with open_database(pooled, no_direct_url, max_size=2) as db:
             with pytest.raises(ConfigError, match=r"database\.listen_url"):
                 await migrate_databases(db)
         async with open_database(
-            pooled, max_size=2, pooler="transaction", listen_url=empty_url
+            pooled, DatabaseConfig(pooler="transaction", listen_url=empty_url), max_size=2
         ) as db:
             [(where, report)] = await migrate_databases(db)
             assert report.applied and where == empty_url
@@ -243,8 +245,7 @@ async def test_listen_url_of_another_database_is_refused(
         with pytest.raises(ConfigError, match=r"database\.listen_url .* another database"):
             async with open_database(
                 DatabaseUrls.single(bouncer.url_for(db_url)),
-                pooler="transaction",
-                listen_url=other_url,
+                DatabaseConfig(pooler="transaction", listen_url=other_url),
             ):
                 pass
 

@@ -8,11 +8,11 @@ from typing import ClassVar
 import attrs
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.domain.tasks import TaskStatus
 from engine.load.controller import LoadController, LoadSnapshot
 from engine.queue import Job, SlotPool, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine_tests.tasks.conftest import OpenEngine, request
 from engine_tests.tasks.conftest import open_test_engine as open_test_engine  # fixture
 from engine_tests.tasks.test_runner import GatedProvider

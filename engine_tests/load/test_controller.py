@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from engine.load.clock import MonotonicClock, TrioClock
+from engine.load.config import LoadConfig
 from engine.load.controller import (
     HEAVY_PHASES,
     REASON_CPU,
@@ -25,6 +27,12 @@ from engine.load.controller import (
 )
 from engine.load.retry_delay import worker_load_retry_delay
 from engine.tasks.gates import Phase
+
+
+def thresholds(**changes: Any) -> LoadThresholds:
+    """The thresholds of the default ``[load]`` section, with ``changes``."""
+    return attrs.evolve(LoadThresholds.from_section(LoadConfig()), **changes)
+
 
 NORMAL = PressureState.NORMAL
 ELEVATED = PressureState.ELEVATED
@@ -132,7 +140,7 @@ def heavy(snapshot: LoadSnapshot) -> int:
     ],
 )
 def test_classify(reading: dict[str, Any], level: PressureState, reason: str) -> None:
-    assert LoadThresholds().classify(sample(0.0, **reading)) == (level, reason)
+    assert thresholds().classify(sample(0.0, **reading)) == (level, reason)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +156,7 @@ def test_classify(reading: dict[str, Any], level: PressureState, reason: str) ->
 )
 def test_thresholds_validation(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        LoadThresholds(**kwargs)
+        thresholds(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -243,7 +251,7 @@ def test_higher_sample_breaks_a_recovery_run() -> None:
 
 
 def test_custom_sample_counts() -> None:
-    _, driver = make(thresholds=LoadThresholds(escalate_samples=1, recover_samples=1))
+    _, driver = make(thresholds=thresholds(escalate_samples=1, recover_samples=1))
     assert states(driver.feed_many(E, N, C, E, N)) == [ELEVATED, NORMAL, CRITICAL, ELEVATED, NORMAL]
 
 
@@ -366,7 +374,7 @@ def test_duplicate_and_out_of_order_samples_are_ignored() -> None:
 
 
 def test_stale_samples_are_ignored() -> None:
-    controller, driver = make(thresholds=LoadThresholds(max_sample_age=10.0))
+    controller, driver = make(thresholds=thresholds(max_sample_age=10.0))
     driver.clock.t += 100
     assert controller.observe(sample(driver.clock.t - 11, cpu=0.99)).sampled_at is None
     controller.observe(sample(driver.clock.t - 10, cpu=0.99))  # exactly 10 s old: accepted

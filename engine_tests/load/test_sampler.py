@@ -430,7 +430,7 @@ def test_sample_now_is_sample_worker_load() -> None:
         def sample(self, db_connections: int, db_max: int) -> ResourceSample:
             return ResourceSample(None, None, db_connections, db_max, clock.now())
 
-    service = LoadSamplerService(controller, Fixed(), connections=lambda: (1, 2))
+    service = LoadSamplerService(controller, Fixed(), interval=1.0, connections=lambda: (1, 2))
     snapshot = service.sample_now()
     assert snapshot.sampled_at == 50.0
     assert service.latest is snapshot

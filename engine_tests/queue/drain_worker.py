@@ -11,9 +11,9 @@ import sys
 
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import DatabaseUrls, open_database
 from engine.queue import Job, Workers, open_queue
+from engine.queue.config import QueueConfig
 
 
 async def main(url: str, max_workers: int) -> None:

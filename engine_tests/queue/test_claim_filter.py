@@ -9,9 +9,9 @@ import attrs
 import pytest
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.queue import Job, JobState, QueueClient, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine.queue.generation import Generation, GenerationConfig
 from engine.queue.insert import insert_many, prepare
 
@@ -52,8 +52,8 @@ def generation(
 ) -> Generation:
     """A generation of 4 workers on ``default`` with ``args_filter``, not started."""
     return Generation(
-        GenerationConfig(
-            client_id=name, queues={"default": 4}, poll_interval=0.2, args_filter=args_filter
+        GenerationConfig.from_section(
+            client.config, client_id=name, queues={"default": 4}, args_filter=args_filter
         ),
         pool=client.db.queue,
         workers=client.workers or Workers(),
@@ -146,11 +146,13 @@ async def test_an_empty_value_set_claims_only_jobs_without_the_key(
 )
 def test_a_bad_filter_is_refused(value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        GenerationConfig(client_id="c", queues={"default": 1}, args_filter=value)
+        GenerationConfig.from_section(
+            QueueConfig(), client_id="c", queues={"default": 1}, args_filter=value
+        )
 
 
 def test_filter_values_are_sorted_without_repeats() -> None:
-    config = GenerationConfig(
-        client_id="c", queues={"default": 1}, args_filter=("model", ["b", "a", "b"])
+    config = GenerationConfig.from_section(
+        QueueConfig(), client_id="c", queues={"default": 1}, args_filter=("model", ["b", "a", "b"])
     )
     assert config.args_filter == ("model", ("a", "b"))

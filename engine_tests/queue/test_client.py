@@ -9,7 +9,6 @@ import attrs
 import pytest
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.queue import (
     InsertOpts,
@@ -22,6 +21,7 @@ from engine.queue import (
     Workers,
     open_queue,
 )
+from engine.queue.config import QueueConfig
 from engine.queue.insert import insert, prepare
 
 

@@ -10,9 +10,9 @@ import attrs
 import pytest
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.queue import Job, JobState, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine.queue.insert import insert_many, prepare
 
 

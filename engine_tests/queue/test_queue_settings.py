@@ -10,9 +10,9 @@ from typing import ClassVar
 import attrs
 import trio
 
-from engine.config import QueueConfig
 from engine.db.database import Database
 from engine.queue import InsertOpts, Job, JobState, Workers, open_queue
+from engine.queue.config import QueueConfig
 from engine.queue.insert import prepare
 from engine_tests.queue.test_client import wait_state
 

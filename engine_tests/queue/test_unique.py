@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine.config import QueueConfig
 from engine.domain.tasks import RunMode
 from engine.errors import JobError
+from engine.queue.config import QueueConfig
 from engine.queue.insert import prepare
 from engine.queue.states import (
     FINALIZED_STATES,
