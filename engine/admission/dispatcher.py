@@ -21,16 +21,17 @@ from collections import OrderedDict, deque
 import attrs
 import trio
 
-from engine.config import EngineConfig
+from engine.admission.config import AdmissionConfig
 from engine.db.bridge import Connection, Pool, Record
 from engine.db.channels import ADMISSION
 from engine.db.database import Database
 from engine.db.listen import ListenHub, wakeup
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.queue.config import QueueConfig
 from engine.tasks.jobs import TaskJob, give_jobs
 
-__all__ = ["DispatchReport", "Dispatcher"]
+__all__ = ["DispatchReport", "Dispatcher", "DispatcherSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,22 @@ class DispatchReport:
     waiting: int = 0
 
 
+@attrs.frozen
+class DispatcherSettings:
+    """What the dispatcher reads of the configuration.
+
+    Attributes:
+        admission: the ``[admission]`` section (round and reap intervals).
+        queue: the ``[queue]`` section, for the jobs of admitted tasks.
+        rollback_timeout: seconds a failed admission's rollback may take
+            (``worker.enqueue_rollback_timeout``).
+    """
+
+    admission: AdmissionConfig
+    queue: QueueConfig
+    rollback_timeout: float
+
+
 class Dispatcher:
     """Admits waiting tasks; see the module docstring.
 
@@ -64,7 +81,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        config: EngineConfig,
+        settings: DispatcherSettings,
         db: Database,
         notify_channel: str | None = None,
         *,
@@ -72,7 +89,7 @@ class Dispatcher:
         hub: ListenHub | None = None,
     ) -> None:
         self.hub = hub
-        self.config = config
+        self.settings = settings
         self.db = db
         self.notify_channel = notify_channel
         self.batch = batch
@@ -93,7 +110,7 @@ class Dispatcher:
             if not preview:
                 return DispatchReport()
             limits = await _limits(self.db.coordination, {s for r in preview for s in r["scopes"]})
-        rollback_timeout = self.config.worker.enqueue_rollback_timeout
+        rollback_timeout = self.settings.rollback_timeout
         async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
             await conn.execute(_LOCK_DISPATCH)
             waiting = await conn.fetch(_WAITING, self.batch)
@@ -113,7 +130,7 @@ class Dispatcher:
             await conn.execute(_ADMIT, chosen)
             tasks = {r["id"]: r for r in await conn.fetch(_TASK_RUN_AT, chosen)}
             jobs = [_task_job(task_id, tasks.get(task_id)) for task_id in chosen]
-            queue = self.config.queue
+            queue = self.settings.queue
             await give_jobs(conn, jobs, queue=queue, notify_channel=self.notify_channel)
         self.admitted += len(chosen)
         return DispatchReport(len(chosen), len(waiting) - len(chosen))
@@ -131,7 +148,7 @@ class Dispatcher:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Dispatch until cancelled; ``started()`` once subscribed to ``engine_admission``."""
-        cfg = self.config.admission
+        cfg = self.settings.admission
         with wakeup(self.hub, ADMISSION) as wake:
             task_status.started()
             next_reap = trio.current_time()

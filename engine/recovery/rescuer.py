@@ -8,13 +8,14 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from engine.config import EngineConfig
 from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
+from engine.queue.config import QueueConfig
+from engine.recovery.config import RecoveryConfig
 from engine.tasks.jobs import TaskJob, give_jobs
 
-__all__ = ["RecoveryReport", "Rescuer"]
+__all__ = ["RecoveryReport", "RecoverySettings", "Rescuer"]
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,33 @@ class RecoveryReport:
         return sum(attrs.astuple(self))
 
 
+@attrs.frozen
+class RecoverySettings:
+    """What recovery reads of the configuration.
+
+    Attributes:
+        recovery: the ``[recovery]`` section.
+        queue: the ``[queue]`` section: the queue whose orphaned jobs it rescues, and the
+            jobs it gives lost tasks.
+        stop_timeout: ``worker.stop_timeout``; an instance silent for three times it is dead.
+        rollback_timeout: ``worker.enqueue_rollback_timeout``.
+        admission_stale_after: ``admission.stale_after``; an admitted task not started by
+            then yields its slot back.
+    """
+
+    recovery: RecoveryConfig
+    queue: QueueConfig
+    stop_timeout: float
+    rollback_timeout: float
+    admission_stale_after: float
+
+
 class Rescuer:
     """Runs recovery rounds; ``tasks_only`` (client mode) re-enqueues lost tasks only."""
 
     def __init__(
         self,
-        config: EngineConfig,
+        settings: RecoverySettings,
         db: Database,
         instance_id: str,
         notify_channel: str | None = None,
@@ -56,7 +78,7 @@ class Rescuer:
         client_mode: bool = False,
         on_report: Callable[[RecoveryReport], None] | None = None,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.db = db
         self.instance_id = instance_id
         self.notify_channel = notify_channel
@@ -66,13 +88,13 @@ class Rescuer:
 
     async def run_once(self) -> RecoveryReport:
         """One round; raises on a database error (the loop logs it and goes on)."""
-        cfg = self.config
+        cfg = self.settings
         requeued = manual = orphans = leases = admissions = yielded = 0
         if not self.client_mode:
             # The registry may live in another database than tasks and jobs: read who is
             # alive there, then act on the tasks database with those names.
             liveness = await self.db.coordination.fetch(
-                _LIVENESS, cfg.recovery.stale_after, cfg.worker.stop_timeout * 3
+                _LIVENESS, cfg.recovery.stale_after, cfg.stop_timeout * 3
             )
             live = [r["instance_id"] for r in liveness if r["live"]]
             dead = [r["instance_id"] for r in liveness if r["dead"]]
@@ -86,7 +108,7 @@ class Rescuer:
             leases, admissions = int(cleaned["leases"]), int(cleaned["admissions"])
             yielded = len(
                 await self.db.tasks.fetch(
-                    _YIELD, cfg.admission.stale_after, cfg.recovery.batch_size
+                    _YIELD, cfg.admission_stale_after, cfg.recovery.batch_size
                 )
             )
             rescued = await self.db.tasks.fetch(
@@ -120,8 +142,8 @@ class Rescuer:
 
     async def reenqueue(self) -> int:
         """Give every queued task without a live job a job; returns how many."""
-        cfg = self.config
-        rollback_timeout = cfg.worker.enqueue_rollback_timeout
+        cfg = self.settings
+        rollback_timeout = cfg.rollback_timeout
         async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
             rows = await conn.fetch(_RECOVERABLE, cfg.recovery.recoverable_task_limit)
             if not rows:
@@ -144,4 +166,4 @@ class Rescuer:
             if first:
                 first = False
                 task_status.started()
-            await trio.sleep(self.config.recovery.interval)
+            await trio.sleep(self.settings.recovery.interval)

@@ -96,6 +96,7 @@ from engine.schedules.model import Schedule, check_schedules
 from engine.schedules.scheduler import PeriodicScheduler
 from engine.service.engine import Engine
 from engine.service.health import DATABASE, Health
+from engine.service.settings import dispatcher_settings, recovery_settings
 from engine.service.supervise import supervise
 from engine.tasks.callbacks import CallbackCleaner
 from engine.tasks.jobs import TaskRunArgs, model_claim_filter
@@ -573,7 +574,7 @@ async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool)
 
     def rescuer() -> Callable[..., Awaitable[None]]:
         return Rescuer(
-            config,
+            recovery_settings(config),
             db,
             engine.instance_id,
             engine.queue.channels.insert,
@@ -585,7 +586,9 @@ async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool)
     await nursery.start(
         supervise,
         "admission",
-        lambda: Dispatcher(config, db, engine.queue.channels.insert, hub=hub).run,
+        lambda: (
+            Dispatcher(dispatcher_settings(config), db, engine.queue.channels.insert, hub=hub).run
+        ),
         health,
     )
     if worker:

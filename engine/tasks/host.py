@@ -10,18 +10,41 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.config import EngineConfig
 from engine.db.database import Database
 from engine.queue.client import QueueClient
+from engine.queue.config import QueueConfig
 
-__all__ = ["OpenEngine"]
+__all__ = ["EngineSettings", "OpenEngine", "WorkerSettings"]
+
+
+class WorkerSettings(Protocol):
+    """What the tasks layer reads of the ``[worker]`` section."""
+
+    @property
+    def enqueue_rollback_timeout(self) -> float:
+        """Seconds a failed enqueue transaction's rollback may take."""
+        ...
+
+
+class EngineSettings(Protocol):
+    """What the tasks layer reads of the engine's configuration (``EngineConfig`` has it)."""
+
+    @property
+    def queue(self) -> QueueConfig:
+        """The ``[queue]`` section: the options of the jobs it inserts."""
+        ...
+
+    @property
+    def worker(self) -> WorkerSettings:
+        """The part of the ``[worker]`` section it reads."""
+        ...
 
 
 class OpenEngine(Protocol):
     """An open engine, as far as the tasks layer uses one."""
 
     @property
-    def config(self) -> EngineConfig:
+    def config(self) -> EngineSettings:
         """The engine's settings."""
         ...
 

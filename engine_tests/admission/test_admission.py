@@ -16,6 +16,7 @@ from engine.domain.tasks import TaskStatus
 from engine.queue.job import JobSnooze
 from engine.recovery.rescuer import Rescuer
 from engine.service.engine import Engine
+from engine.service.settings import dispatcher_settings, recovery_settings
 from engine.tasks.jobs import TaskRunArgs
 from engine_tests.tasks.conftest import OpenEngine, make_config, request
 from engine_tests.tasks.conftest import open_test_engine as open_test_engine  # fixture
@@ -44,7 +45,7 @@ async def admission_status(eng: Engine, task_id: uuid.UUID) -> str | None:
 async def test_a_full_scope_makes_tasks_wait_and_the_dispatcher_admits_fifo(idle: Engine) -> None:
     a, b, c = await idle.submit([request() for _ in range(3)])
     sim(idle).poll_gate = gate = trio.Event()
-    dispatcher = Dispatcher(idle.config, idle.db)
+    dispatcher = Dispatcher(dispatcher_settings(idle.config), idle.db)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_job, idle, a)
         with trio.fail_after(5):
@@ -180,7 +181,7 @@ async def test_a_wait_completes_its_job_so_admission_enqueues_a_new_one(idle: En
     waited = await idle.queue.get(job.id)
     assert waited is not None and waited.state.value == "completed"
     await idle.db.tasks.execute("DELETE FROM engine_scope_lease")
-    assert (await Dispatcher(idle.config, idle.db).run_once()).admitted == 1
+    assert (await Dispatcher(dispatcher_settings(idle.config), idle.db).run_once()).admitted == 1
     task = await status(idle, second)
     assert task.status is TaskStatus.QUEUED and task.river_job_id != job.id
     fresh = await idle.queue.get(task.river_job_id)  # type: ignore[arg-type]
@@ -217,7 +218,7 @@ async def test_dispatch_is_fair_across_groups(idle: Engine) -> None:
     await idle.set_model("sim-model", concurrency_limit=2)
     g1 = [await _waiting(idle, "g1") for _ in range(3)]
     g2 = [await _waiting(idle, "g2")]
-    await Dispatcher(idle.config, idle.db).run_once()
+    await Dispatcher(dispatcher_settings(idle.config), idle.db).run_once()
     admitted = {t for t in [*g1, *g2] if await admission_status(idle, t) == "admitted"}
     assert admitted == {g1[0], g2[0]}
 
@@ -228,7 +229,7 @@ async def test_the_reaper_fails_tasks_past_their_queue_timeout(idle: Engine) -> 
         "UPDATE engine_task_admission SET expires_at = now() - interval '1 s',"
         " enqueued_at = now() - interval '31 s'"
     )
-    assert await Dispatcher(idle.config, idle.db).reap() == 1
+    assert await Dispatcher(dispatcher_settings(idle.config), idle.db).reap() == 1
     task = await status(idle, task_id)
     assert task.status is TaskStatus.FAILED
     assert task.error["code"] == "queue_timeout"
@@ -258,7 +259,7 @@ async def test_admitted_tasks_that_never_start_are_yielded(idle: Engine) -> None
         "UPDATE engine_task_admission SET status = 'admitted',"
         " admitted_at = now() - interval '60 s'"
     )
-    await Rescuer(idle.config, idle.db, "someone").run_once()
+    await Rescuer(recovery_settings(idle.config), idle.db, "someone").run_once()
     assert await admission_status(idle, task_id) == "waiting"
 
 
@@ -267,8 +268,8 @@ async def test_two_dispatchers_never_over_admit(idle: Engine, db_url: str) -> No
     tasks = [await _waiting(idle, f"g{n % 3}") for n in range(40)]
     config = load_config(env={})
     async with open_database(DatabaseUrls.single(db_url)) as other_db:
-        one = Dispatcher(config, idle.db)
-        two = Dispatcher(config, other_db)
+        one = Dispatcher(dispatcher_settings(config), idle.db)
+        two = Dispatcher(dispatcher_settings(config), other_db)
         async with trio.open_nursery() as nursery:
             for _ in range(5):
                 nursery.start_soon(one.run_once)
@@ -340,7 +341,7 @@ async def test_recovery_steps_on_crafted_rows(idle: Engine) -> None:
         " '10 min', attempted_by = ARRAY['dead-host:1:1-exec-4-123'] WHERE id = $1",
         job.id,
     )
-    report = await Rescuer(idle.config, idle.db, "me:1:1").run_once()
+    report = await Rescuer(recovery_settings(idle.config), idle.db, "me:1:1").run_once()
     assert report.requeued_tasks == 1 and report.manual_review_tasks == 1
     assert report.orphaned_jobs == 1 and report.released_leases == 1
     assert report.reenqueued_tasks >= 1

@@ -21,6 +21,7 @@ from engine.queue.job import InsertOpts
 from engine.queue.unique import GATEWAY_UNIQUE_OPTS
 from engine.recovery.rescuer import Rescuer
 from engine.service.engine import Engine
+from engine.service.settings import dispatcher_settings, recovery_settings
 from engine.tasks.submit import submit_tasks
 from engine_tests.tasks.conftest import IDENTITY, OpenEngine, request
 
@@ -257,7 +258,7 @@ async def test_recovery_and_the_dispatcher_give_new_jobs_the_same_routing(
 
     # Their jobs are gone: recovery gives the queued tasks new ones.
     await database.tasks.execute(finish_jobs)
-    assert await Rescuer(config, database, "test").reenqueue() == 2
+    assert await Rescuer(recovery_settings(config), database, "test").reenqueue() == 2
     async with database.tasks.acquire() as conn:
         assert await _job_args(conn) == expected
 
@@ -267,7 +268,7 @@ async def test_recovery_and_the_dispatcher_give_new_jobs_the_same_routing(
         "INSERT INTO engine_task_admission (task_id, scopes, status)"
         " SELECT id, ARRAY['model:echo'], 'waiting' FROM engine_task"
     )
-    assert (await Dispatcher(config, database).run_once()).admitted == 2
+    assert (await Dispatcher(dispatcher_settings(config), database).run_once()).admitted == 2
     async with database.tasks.acquire() as conn:
         assert await _job_args(conn) == expected
 
