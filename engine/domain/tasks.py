@@ -158,6 +158,19 @@ class Task:
         return self.status in FINAL_STATUSES
 
     @property
+    def submission_unanswered(self) -> bool:
+        """An upstream call started (``submitted_at``) and recorded no reference: the upstream
+        may or may not have accepted the task."""
+        return self.submitted_at is not None and self.upstream_ref is None
+
+    @property
+    def submission_ambiguous(self) -> bool:
+        """Unanswered, and made without an idempotency key: submitting again could run it
+        twice upstream, so requeueing it sends it to manual review instead. The database
+        states the same rule as ``engine_task_submission_ambiguous`` (migration 0015)."""
+        return self.submission_unanswered and not self.submitted_idempotently
+
+    @property
     def simulated(self) -> bool:
         """True for run mode ``simulation``."""
         return self.run_mode is RunMode.SIMULATION

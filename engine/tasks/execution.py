@@ -133,12 +133,8 @@ class Executions(UpstreamCalls):
             raise LeaseUnavailable()  # leased elsewhere, final, missing or being cancelled
         task = run.task = claimed
         provider = self.provider_for(task)
-        if (
-            task.submitted_at is not None
-            and task.upstream_ref is None
-            and not (
-                task.submitted_idempotently and (provider is None or submits_idempotently(provider))
-            )
+        if task.submission_unanswered and not (
+            task.submitted_idempotently and (provider is None or submits_idempotently(provider))
         ):
             # A previous execution started the upstream call and never recorded its answer:
             # submitting again could run it twice upstream. Any instance can say so,

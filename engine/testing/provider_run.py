@@ -184,7 +184,7 @@ class _MemoryStore(TaskStore):
         if not self._holds(task_id, token) or (only_before_submission and task.submitted_at):
             return None
         now = datetime.now(UTC)
-        ambiguous = task.submitted_at is not None and task.upstream_ref is None
+        ambiguous = task.submission_ambiguous
         self._update(
             status=TaskStatus.MANUAL_REVIEW if ambiguous else TaskStatus.QUEUED,
             finished_at=now if ambiguous else None,

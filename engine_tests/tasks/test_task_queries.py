@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 import trio
@@ -11,6 +12,7 @@ import trio
 from engine.db.bridge import Connection
 from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
+from engine.testing.factories import make_task
 from engine_tests.plans import PLAN_MODES, explain_prepared
 
 #: Every batched write on engine_task, with arguments for ids ``$1`` and tokens ``$2``.
@@ -244,8 +246,26 @@ async def test_an_unknown_submission_made_with_an_idempotency_key_is_requeued(
         unkeyed_live["id"]: "manual_review",
     }
     kept = await conn.fetchval(
-        "SELECT submitted_at IS NOT NULL AND submitted_idempotently FROM engine_task"
-        " WHERE id = $1",
+        "SELECT submitted_at IS NOT NULL AND submitted_idempotently FROM engine_task WHERE id = $1",
         keyed["id"],
     )
     assert kept  # the next run knows its call was made, and with a key
+
+
+@pytest.mark.parametrize("submitted", [False, True])
+@pytest.mark.parametrize("ref", [None, "up-1"])
+@pytest.mark.parametrize("idempotently", [False, True])
+async def test_python_and_the_database_state_one_rule_for_an_ambiguous_submission(
+    conn: Connection, submitted: bool, ref: str | None, idempotently: bool
+) -> None:
+    """``Task.submission_ambiguous`` and the SQL function the requeue and recovery statements
+    use agree on every combination: started, no reference, no idempotency key."""
+    submitted_at = datetime.now(UTC) if submitted else None
+    task = make_task(
+        submitted_at=submitted_at, upstream_ref=ref, submitted_idempotently=idempotently
+    )
+    in_sql = await conn.fetchval(
+        "SELECT engine_task_submission_ambiguous($1, $2, $3)", submitted_at, ref, idempotently
+    )
+    assert task.submission_ambiguous is in_sql
+    assert task.submission_ambiguous is (submitted and ref is None and not idempotently)

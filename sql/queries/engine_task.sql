@@ -291,13 +291,15 @@ WITH locked AS MATERIALIZED (
 requeued AS (
     UPDATE engine_task t
     SET status = CASE
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
-                 AND NOT t.submitted_idempotently THEN 'manual_review'
+            WHEN engine_task_submission_ambiguous(
+                t.submitted_at, t.upstream_ref, t.submitted_idempotently
+            ) THEN 'manual_review'
             ELSE 'queued'
         END,
         finished_at = CASE
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
-                 AND NOT t.submitted_idempotently THEN now()
+            WHEN engine_task_submission_ambiguous(
+                t.submitted_at, t.upstream_ref, t.submitted_idempotently
+            ) THEN now()
         END,
         phase = NULL,
         execution_token = NULL,
@@ -390,21 +392,24 @@ recovered AS (
     UPDATE engine_task t
     SET status = CASE
             WHEN t.status = 'queued' THEN 'queued'
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
-                 AND NOT t.submitted_idempotently THEN 'manual_review'
+            WHEN engine_task_submission_ambiguous(
+                t.submitted_at, t.upstream_ref, t.submitted_idempotently
+            ) THEN 'manual_review'
             WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
             ELSE 'queued'
         END,
         finished_at = CASE
             WHEN t.status = 'queued' THEN NULL
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
-                 AND NOT t.submitted_idempotently THEN now()
+            WHEN engine_task_submission_ambiguous(
+                t.submitted_at, t.upstream_ref, t.submitted_idempotently
+            ) THEN now()
             WHEN t.cancel_requested_at IS NOT NULL THEN now()
         END,
         error = CASE
             WHEN t.status = 'queued' THEN t.error
-            WHEN t.submitted_at IS NOT NULL AND t.upstream_ref IS NULL
-                 AND NOT t.submitted_idempotently THEN
+            WHEN engine_task_submission_ambiguous(
+                t.submitted_at, t.upstream_ref, t.submitted_idempotently
+            ) THEN
                 '{"code": "ambiguous_submission", "message": "owner died after submitting upstream"}'
             WHEN t.cancel_requested_at IS NOT NULL THEN
                 '{"code": "cancelled", "message": "cancelled; its owner stopped first"}'
