@@ -64,9 +64,15 @@ def tests_all(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting."""
+    """ruff, and the import contract (import-linter: the layers of docs/architecture.md, no
+    cycles; configured in pyproject.toml)."""
     session.install("ruff>=0.8,<1")
     session.run("ruff", "check", "engine", "engine_tests", "examples", "noxfile.py")
+    # import-linter finds the package through the import system and reads its source (nothing
+    # is imported), so the package goes in without its dependencies.
+    session.install("import-linter>=2.1,<3")
+    session.install("--no-deps", "-e", ".")
+    session.run("lint-imports", "--no-cache")
 
 
 @nox.session
