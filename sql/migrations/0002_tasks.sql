@@ -1,10 +1,10 @@
 -- The task layer: the model and group catalogue, tasks, and their append-only events.
--- A task is what a user submits; its river_job is only the execution ticket (§5.2, §9).
+-- A task is what a user submits; its river_job is only the execution ticket (docs/tasks.md).
 
 CREATE TABLE engine_model (
     name text PRIMARY KEY CHECK (char_length(name) BETWEEN 1 AND 200),
     enabled boolean NOT NULL DEFAULT true,
-    -- NULL or <= 0: unlimited (§6.1).
+    -- NULL or <= 0: unlimited (docs/operations.md, "Several instances").
     concurrency_limit integer,
     provider text NOT NULL DEFAULT 'simulated',
     settings jsonb NOT NULL DEFAULT '{}',
@@ -24,7 +24,7 @@ CREATE TABLE engine_task (
     id uuid PRIMARY KEY,
     model text NOT NULL,
     group_key text,
-    -- Identity copied from the submitter (§5.9 authUserFromTask).
+    -- Identity copied from the submitter (what a provider acts as: Identity.auth_user).
     tenant_id text NOT NULL,
     gateway_tenant_id text,
     tenant_key text,
@@ -42,7 +42,7 @@ CREATE TABLE engine_task (
     ),
     phase text CHECK (phase IN ('preparing', 'waiting_upstream', 'finalizing')),
     progress real NOT NULL DEFAULT 0,
-    -- The execution lease (§6.11): every write of a running task is fenced by this token.
+    -- The execution lease (docs/tasks.md): every write of a running task is fenced by this token.
     execution_token uuid,
     execution_owner text,
     lease_expires_at timestamptz,

@@ -1,4 +1,4 @@
--- The worker-instance registry (reference-semantics §3.2, §5.4, §6.2, §6.3).
+-- The worker-instance registry (docs/operations.md, "Several instances": the capacity and its split).
 --
 -- One row per worker process. Registration is the heartbeat: every refresh upserts the row with
 -- the instance's latest load figures and heartbeat_at = now(), then splits the global capacity
@@ -8,21 +8,21 @@
 -- the table needs no trigger and no row-level locking scheme.
 
 CREATE TABLE engine_worker_instance (
-    -- "<host>:<pid>:<unix nanos>" in the reference (§2); unique per process start.
+    -- "<host>:<pid>:<unix nanos>"; unique per process start.
     instance_id text PRIMARY KEY,
     -- Kubernetes identity and deployment, from POD_UID, POD_NAME, EASYAI_SITE and
-    -- AI_GATEWAY_REVISION (§5.4); '' when unset, as the reference trims empty variables.
+    -- AI_GATEWAY_REVISION; '' when unset (empty variables are trimmed).
     pod_uid text NOT NULL DEFAULT '',
     pod_name text NOT NULL DEFAULT '',
     site text NOT NULL DEFAULT '',
     revision text NOT NULL DEFAULT '',
-    -- The global capacity this instance computed at its last registration (§6.1 Capacity).
+    -- The global capacity this instance computed at its last registration (the capacity snapshot).
     desired_capacity integer NOT NULL DEFAULT 0,
-    -- The per-instance hard limit; 0 means none (§2 AsyncWorkerInstanceHardLimit).
+    -- The per-instance hard limit; 0 means none (worker.instance_hard_limit).
     capacity_limit integer NOT NULL DEFAULT 0,
-    -- This instance's share of the global capacity, written by whoever registered last (§6.2).
+    -- This instance's share of the global capacity, written by whoever registered last.
     allocated integer NOT NULL DEFAULT 0,
-    -- The workerload figures at the last registration (§7.1, §7.2).
+    -- The workerload figures at the last registration (the load controller's).
     load_mode text NOT NULL DEFAULT 'legacy',
     safe_capacity integer,
     heavy_capacity integer,
@@ -38,7 +38,7 @@ CREATE TABLE engine_worker_instance (
     started_at timestamptz NOT NULL DEFAULT now(),
     draining_at timestamptz,
     CONSTRAINT engine_worker_instance_status CHECK (status IN ('active', 'draining')),
-    -- draining_at records when the instance started draining, so it is set exactly then (§6.3).
+    -- draining_at records when the instance started draining, so it is set exactly then.
     CONSTRAINT engine_worker_instance_draining_at CHECK (
         (status = 'draining') = (draining_at IS NOT NULL)
     ),

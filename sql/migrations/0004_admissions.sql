@@ -1,4 +1,4 @@
--- Scope admissions and rate limits (§8): per-scope concurrency held as leases in the database,
+-- Scope admissions and rate limits (docs/tasks.md): per-scope concurrency held as leases in the database,
 -- waiting admissions served first in, first out, and token buckets per scope.
 
 ALTER TABLE engine_model
