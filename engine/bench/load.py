@@ -1,4 +1,4 @@
-"""``python -m engine bench load``: the worker-load controller under a heavy and a hostile load.
+"""``python -m engine bench load``: the load controller under a heavy and a hostile load.
 
 Both parts run the full service (:func:`engine.service.root.serve`) *in this process*, so
 the load controller (the open engine's ``load``) can be read directly, on one fresh database each,

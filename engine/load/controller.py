@@ -1,4 +1,4 @@
-"""The workerload controller: per-process admission and phase limits under load.
+"""The load controller: per-process admission and phase limits under load.
 
 One :class:`LoadController` per worker process bounds *all* executions in the process, across
 River-client generations. A job asks :meth:`LoadController.try_start` for a :class:`LoadLease`
@@ -366,7 +366,7 @@ class LoadLease:
 
 
 class LoadController:
-    """The workerload controller; see the module docstring for the model.
+    """The load controller; see the module docstring for the model.
 
     Design decisions where the Go worker's controller leaves a choice:
 

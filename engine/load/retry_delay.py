@@ -1,4 +1,4 @@
-"""The snooze delay when the worker-load controller refuses a job (the Go worker's rule).
+"""The snooze delay when the load controller refuses a start: 250–750 ms, jittered per task.
 
 A refused job snoozes (no attempt consumed) for ``250 ms + (h(task_id) mod 501) ms``, so
 250-750 ms. The hash is deterministic per task, which spreads the retries of a burst of refused

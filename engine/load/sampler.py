@@ -1,4 +1,4 @@
-"""Resource sampling for the workerload controller (the Go worker's ``sampleWorkerLoad``).
+"""Resource sampling for the load controller: CPU, memory and pool use, read every period.
 
 :class:`ProcessSampler` reads CPU and memory use of this process (and of its cgroup) from
 ``/proc`` and the cgroup filesystem, with no third-party dependency; the database figures are
