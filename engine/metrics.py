@@ -6,6 +6,13 @@ registration. Limits (capacity, the load controller's) and usage (executions per
 admissions waiting) are separate series, each named for what it measures; ``docs/operations.md``
 lists them and the older names they replace.
 
+Events reach them through the service's observer: :class:`Metrics` implements
+:class:`engine.service.observe.Observer` (the queue's, the task runner's and the capacity
+refresher's protocols), and the service hands it to each of those when it builds them, so the
+first claim, completion batch and task are counted like every later one. Its method names say
+what happened (``claimed``, ``task_finished``, ``resized``); the gauges nothing reports are
+set by the service's own loop (``set_*``).
+
 They are served, with ``/healthz`` and ``/readyz``, by the process's HTTP server
 (:mod:`engine.web`), through prometheus_client's own exposition.
 """
@@ -334,7 +341,7 @@ class Metrics:
 
     # --- capacity and load ---------------------------------------------------------------
 
-    def set_capacity(self, allocated: int, desired: int, hard_limit: int, capped: bool) -> None:
+    def capacity_changed(self, allocated: int, desired: int, hard_limit: int, capped: bool) -> None:
         """Set this instance's share, the catalogue's desired capacity, the hard limit and
         whether that limit cut the desire (one capacity refresh)."""
         self.capacity_allocated.set(allocated)
@@ -342,7 +349,7 @@ class Metrics:
         self.capacity_hard_limit.set(hard_limit)
         self.capacity_capped.set(1 if capped else 0)
 
-    def set_cluster(self, active_instances: int, cluster_allocated: int) -> None:
+    def cluster_changed(self, active_instances: int, cluster_allocated: int) -> None:
         """Set the live instances and the capacity allocated across them."""
         self.instances_alive.set(active_instances)
         self.capacity_cluster_allocated.set(cluster_allocated)
@@ -369,7 +376,7 @@ class Metrics:
         for name in PRESSURE_STATES:
             self.load_pressure_state.labels(state=name).set(1 if name == current else 0)
 
-    def observe_resize(self, outcome: str) -> None:
+    def resized(self, outcome: str) -> None:
         """Count one capacity refresh's ``outcome``; an unchanged capacity counts nothing.
 
         Raises:
@@ -400,13 +407,13 @@ class Metrics:
             self.queue_jobs.remove(queue, state)
         self._queue_series = seen
 
-    def observe_claim(self, seconds: float) -> None:
+    def claimed(self, seconds: float) -> None:
         """Record the duration of one claim statement."""
         self.job_claim_seconds.observe(seconds)
 
-    def observe_completions(self, batch: Sequence[StatedItem], seconds: float | None) -> None:
-        """Record one completion write; fits :class:`engine.queue.completer.Completer`'s
-        ``on_flushed``.
+    def completions_flushed(self, batch: Sequence[StatedItem], seconds: float | None) -> None:
+        """Record one completion write (the completer's, or the plain completions a claim
+        carried).
 
         Every item is counted in ``engine_job_completions_total``, including the plain
         completions a producer's claim carried (``seconds`` is ``None`` then: that statement is
@@ -425,7 +432,7 @@ class Metrics:
         for state, n in counts.items():
             self.job_completions.labels(state=state).inc(n)
 
-    def set_generations(self, n: int) -> None:
+    def generations_changed(self, n: int) -> None:
         """Set the number of worker generations alive (current plus draining)."""
         self.generations.set(n)
 
@@ -445,18 +452,17 @@ class Metrics:
         self._models.add(model)
         return model
 
-    def observe_task_phase(self, phase: str, seconds: float, model: str) -> None:
-        """Record the time a task of ``model`` spent in ``phase`` (e.g. ``preparing``);
-        fits :class:`engine.tasks.runner.TaskRunner`'s ``on_phase``."""
+    def phase_done(self, phase: str, seconds: float, model: str) -> None:
+        """Record the time a task of ``model`` spent in ``phase`` (e.g. ``preparing``)."""
         self.task_phase_seconds.labels(phase=phase, model=self.model_label(model)).observe(seconds)
 
     def count_task(self, status: str, model: str, n: int = 1) -> None:
         """Count ``n`` task runs of ``model`` that ended in ``status`` (e.g. ``failed``)."""
         self.tasks.labels(status=status, model=self.model_label(model)).inc(n)
 
-    def observe_task_started(self, task: TimedTask) -> None:
+    def task_started(self, task: TimedTask) -> None:
         """Record the queue wait of a task's first start (later attempts are not a wait for
-        the queue); fits :class:`engine.tasks.runner.TaskRunner`'s ``on_started``."""
+        the queue)."""
         if task.attempts > 1:
             return
         started = task.started_at or datetime.now(UTC)
@@ -465,9 +471,8 @@ class Metrics:
             max(wait, 0.0)
         )
 
-    def observe_task_finished(self, status: str, task: TimedTask | None) -> None:
-        """Count one outcome and, with its task, its end-to-end time (submitted until now);
-        fits :class:`engine.tasks.runner.TaskRunner`'s ``on_finished``.
+    def task_finished(self, status: str, task: TimedTask | None) -> None:
+        """Count one outcome and, with its task, its end-to-end time (submitted until now).
 
         ``task`` is None for a run that failed before its claim returned the task: counted
         under the model ``unknown``, with no latency.

@@ -103,10 +103,10 @@ def test_render_contains_every_metric() -> None:
     metrics = Metrics()
     # Touch the labelled series that only exist once used, so they render samples too.
     metrics.set_queue_depth({"default": {"available": 1}})
-    metrics.observe_completions([Done(State.COMPLETED)], 0.01)
-    metrics.observe_task_phase("preparing", 1.0, "m")
-    metrics.observe_task_finished("succeeded", Timed())
-    metrics.observe_task_started(Timed())
+    metrics.completions_flushed([Done(State.COMPLETED)], 0.01)
+    metrics.phase_done("preparing", 1.0, "m")
+    metrics.task_finished("succeeded", Timed())
+    metrics.task_started(Timed())
     metrics.count_recoveries("orphaned_jobs", 0)
     metrics.set_admissions_waiting({"m": 1})
     text = metrics.render().decode()
@@ -127,15 +127,15 @@ def test_own_registry_never_the_global_one() -> None:
 
 def test_capacity_limits_are_separate_series() -> None:
     metrics = Metrics()
-    metrics.set_capacity(allocated=3, desired=12, hard_limit=8, capped=True)
+    metrics.capacity_changed(allocated=3, desired=12, hard_limit=8, capped=True)
     assert value(metrics, "engine_capacity_allocated_slots") == 3
     assert value(metrics, "engine_capacity_desired_slots") == 12
     assert value(metrics, "engine_capacity_hard_limit_slots") == 8
     assert value(metrics, "engine_capacity_capped") == 1
-    metrics.set_capacity(allocated=3, desired=5, hard_limit=8, capped=False)
+    metrics.capacity_changed(allocated=3, desired=5, hard_limit=8, capped=False)
     assert value(metrics, "engine_capacity_capped") == 0
 
-    metrics.set_cluster(active_instances=4, cluster_allocated=40)
+    metrics.cluster_changed(active_instances=4, cluster_allocated=40)
     assert value(metrics, "engine_instances_alive") == 4
     assert value(metrics, "engine_capacity_cluster_allocated_slots") == 40
 
@@ -144,14 +144,14 @@ def test_resize_counter_increments() -> None:
     metrics = Metrics()
     for outcome in RESIZE_OUTCOMES:  # every outcome exists from the start, at 0
         assert value(metrics, "engine_capacity_resizes_total", outcome=outcome) == 0
-    metrics.observe_resize("success")
-    metrics.observe_resize("success")
-    metrics.observe_resize("refresh_failed")
+    metrics.resized("success")
+    metrics.resized("success")
+    metrics.resized("refresh_failed")
     assert value(metrics, "engine_capacity_resizes_total", outcome="success") == 2
     assert value(metrics, "engine_capacity_resizes_total", outcome="refresh_failed") == 1
     assert value(metrics, "engine_capacity_resizes_total", outcome="start_failed") == 0
     with pytest.raises(ValueError, match="unknown resize outcome"):
-        metrics.observe_resize("succes")
+        metrics.resized("succes")
 
 
 def test_load_limits_usage_and_one_hot_pressure() -> None:
@@ -213,33 +213,33 @@ def test_queue_depth_is_a_full_snapshot() -> None:
 def test_completions_and_carried_writes() -> None:
     metrics = Metrics()
     batch = [Done(State.COMPLETED), Done(State.COMPLETED), Done(State.RETRYABLE)]
-    metrics.observe_completions(batch, 0.02)
+    metrics.completions_flushed(batch, 0.02)
     assert value(metrics, "engine_job_completions_total", state="completed") == 2
     assert value(metrics, "engine_job_completions_total", state="retryable") == 1
     assert value(metrics, "engine_job_completion_batch_seconds_count") == 1
     assert value(metrics, "engine_job_completion_batch_seconds_sum") == pytest.approx(0.02)
     # A write carried by a claim has no duration of its own: counted, not timed.
-    metrics.observe_completions([Done(State.COMPLETED)] * 3, None)
+    metrics.completions_flushed([Done(State.COMPLETED)] * 3, None)
     assert value(metrics, "engine_job_completion_batch_seconds_count") == 1
     assert value(metrics, "engine_job_completions_total", state="completed") == 5
     # An empty batch counts and times nothing.
-    metrics.observe_completions([], 0.0)
+    metrics.completions_flushed([], 0.0)
     assert value(metrics, "engine_job_completion_batch_seconds_count") == 1
     assert value(metrics, "engine_job_completions_total", state="completed") == 5
 
 
 def test_the_other_engine_metrics() -> None:
     metrics = Metrics()
-    metrics.observe_claim(0.004)
+    metrics.claimed(0.004)
     assert value(metrics, "engine_job_claim_seconds_count") == 1
-    metrics.observe_task_phase("finalizing", 42.0, "m")
+    metrics.phase_done("finalizing", 42.0, "m")
     assert value(metrics, "engine_task_phase_seconds_count", phase="finalizing", model="m") == 1
     metrics.count_task("failed", "m", 3)
     assert value(metrics, "engine_tasks_total", status="failed", model="m") == 3
     metrics.count_recovery_round({"requeued_async_tasks": 2, "orphaned_jobs": 0})
     assert value(metrics, "engine_recoveries_total", kind="requeued_async_tasks") == 2
     assert value(metrics, "engine_recoveries_total", kind="orphaned_jobs") == 0
-    metrics.set_generations(2)
+    metrics.generations_changed(2)
     assert value(metrics, "engine_generations") == 2
     metrics.set_leader(True)
     metrics.set_leader(False)
@@ -248,22 +248,22 @@ def test_the_other_engine_metrics() -> None:
 
 def test_task_latencies_and_model_label() -> None:
     metrics = Metrics()
-    metrics.observe_task_started(Timed())
+    metrics.task_started(Timed())
     assert value(metrics, "engine_task_queue_wait_seconds_count", model="m") == 1
     assert value(metrics, "engine_task_queue_wait_seconds_sum", model="m") == pytest.approx(
         3.0, abs=0.1
     )
     # A later attempt is not a wait for the queue.
-    metrics.observe_task_started(Timed(attempts=2))
+    metrics.task_started(Timed(attempts=2))
     assert value(metrics, "engine_task_queue_wait_seconds_count", model="m") == 1
-    metrics.observe_task_finished("succeeded", Timed())
+    metrics.task_finished("succeeded", Timed())
     assert value(metrics, "engine_tasks_total", status="succeeded", model="m") == 1
     count = "engine_task_end_to_end_seconds_count"
     assert value(metrics, count, model="m", status="succeeded") == 1
     total = value(metrics, "engine_task_end_to_end_seconds_sum", model="m", status="succeeded")
     assert total is not None and 5.0 <= total < 60.0
     # No task (the run failed before its claim returned it): counted, not timed.
-    metrics.observe_task_finished("failed", None)
+    metrics.task_finished("failed", None)
     assert value(metrics, "engine_tasks_total", status="failed", model="unknown") == 1
 
 

@@ -27,6 +27,7 @@ from engine.db.database import Database
 from engine.queue import Job, Workers, open_queue
 from engine.queue.config import QueueConfig
 from engine.queue.insert import insert_many, prepare
+from engine.queue.observe import NullQueueObserver
 
 __all__ = ["TARGETS", "BurnDown", "burn_down", "run_queue_bench"]
 
@@ -76,11 +77,12 @@ async def burn_down(db: Database, jobs: int, max_workers: int) -> BurnDown:
     async with open_queue(db, _QCFG, workers=workers) as client:
         finished = trio.Event()
 
-        def on_flushed(batch: object, seconds: float | None) -> None:
-            if client.completer.flushed >= jobs:
-                finished.set()
+        class Drained(NullQueueObserver):
+            def completions_flushed(self, batch: object, seconds: float | None) -> None:
+                if client.completer.flushed >= jobs:
+                    finished.set()
 
-        client.completer.on_flushed = on_flushed
+        client.completer.observer = Drained()
         started = trio.current_time()
         await client.start_generation({"default": max_workers})
         await finished.wait()

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import trio
 
+from engine.capacity.observe import QUIET, CapacityObserver
 from engine.capacity.registry import (
     Allocation,
     Registration,
@@ -44,7 +45,6 @@ from engine.db.sqlfiles import QUERIES
 from engine.errors import DatabaseError
 from engine.load.controller import LoadController
 from engine.load.sampler import LoadSamplerService
-from engine.metrics import Metrics
 from engine.queue.client import QueueClient
 from engine.queue.generation import MAX_WORKERS
 from engine.queue.slots import SlotPool
@@ -78,7 +78,7 @@ class CapacityRefresher:
         policy: ShutdownPolicy,
         load: LoadController | None = None,
         sampler: LoadSamplerService | None = None,
-        metrics: Metrics | None = None,
+        observer: CapacityObserver = QUIET,
         args_filter: tuple[str, tuple[str, ...]] | None = None,
         models: tuple[str, ...] | None = None,
         on_state: Callable[[str, bool], None] | None = None,
@@ -87,7 +87,9 @@ class CapacityRefresher:
         """``on_state(condition, ok)`` after every refresh, for readiness: ``capacity_refresh``
         is false after :data:`FAILURES_NOT_READY` failed refreshes in a row, ``generation``
         while this instance has a share but no generation running it. ``hub``: the process's
-        LISTEN connection, whose ``engine_catalog`` wakes a refresh (None: ticks only)."""
+        LISTEN connection, whose ``engine_catalog`` wakes a refresh (None: ticks only).
+        ``observer`` is told of every share, split, resize and change of generations
+        (:mod:`engine.capacity.observe`; nothing observes the refresher without one)."""
         self.hub = hub
         self.config = config
         self.db = db
@@ -96,7 +98,7 @@ class CapacityRefresher:
         self.policy = policy
         self.load = load
         self.sampler = sampler
-        self.metrics = metrics
+        self.observer = observer
         self.models = models
         self.room = GenerationRoom(
             queue,
@@ -177,7 +179,7 @@ class CapacityRefresher:
                 "capacity refresh failed; keeping the current generation",
                 extra={"event": "capacity_refresh_failed", "error": str(exc)},
             )
-            self._observe("refresh_failed")
+            self.observer.resized("refresh_failed")
             return "refresh_failed"
         self.snapshot, self.allocation = snapshot, allocation
         share = allocation.allocated
@@ -186,14 +188,15 @@ class CapacityRefresher:
         self.slots.total = share
         if self.load is not None:
             self.load.set_claim_limit(share)
-        if self.metrics is not None:
-            self.metrics.set_capacity(share, snapshot.desired, snapshot.hard_limit, snapshot.capped)
-            self.metrics.set_cluster(allocation.active_instances, allocation.global_allocated)
+        self.observer.capacity_changed(
+            share, snapshot.desired, snapshot.hard_limit, snapshot.capped
+        )
+        self.observer.cluster_changed(allocation.active_instances, allocation.global_allocated)
         outcome = await self.room.resize(share)
         if outcome == "unchanged":
             return outcome
         if outcome == "start_failed":
-            self._observe(outcome)
+            self.observer.resized(outcome)
             return outcome
         current = self.room.current
         log.info(
@@ -207,18 +210,13 @@ class CapacityRefresher:
                 "generation": None if current is None else current.number,
             },
         )
-        self._observe("success")
+        self.observer.resized("success")
         self.changed.set()
         self.changed = trio.Event()
         return "success"
 
-    def _observe(self, outcome: str) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_resize(outcome)
-
     def _generations_changed(self) -> None:
-        if self.metrics is not None:
-            self.metrics.set_generations(len(self.room.generations))
+        self.observer.generations_changed(len(self.room.generations))
 
     async def _mark_draining(self) -> None:
         """Take this instance out of the split (shielded, ``worker.mark_draining_timeout``);

@@ -52,6 +52,7 @@ from engine.queue.insert import InsertParams, insert, insert_many, insert_tx, pr
 from engine.queue.job import InsertOpts, InsertResult, Job
 from engine.queue.maintenance import CleanerConfig, JobCleaner, JobScheduler, SchedulerConfig
 from engine.queue.notifier import Notifier, notify_queues
+from engine.queue.observe import QUIET, QueueObserver
 from engine.queue.slots import SlotPool
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
@@ -93,6 +94,7 @@ class QueueClient:
         notifier: Notifier,
         completer: Completer,
         slots: SlotPool,
+        observer: QueueObserver = QUIET,
     ) -> None:
         self.db = db
         self.config = config
@@ -106,8 +108,8 @@ class QueueClient:
         self.generations: list[Generation] = []
         self.elector: Elector | None = None
         self._leader_services: tuple[Callable[[], Awaitable[None]], ...] = ()
-        #: Called with the seconds each claim statement took (metrics).
-        self.on_claim: Callable[[float], None] | None = None
+        #: Told of every claim of the generations this client makes (the completer has it too).
+        self.observer = observer
         self._nursery: trio.Nursery | None = None
         self._completer_scope = trio.CancelScope(shield=True)
 
@@ -248,7 +250,7 @@ class QueueClient:
             completer=self.completer,
             slots=self.slots,
             cancel_scopes=self.cancel_scopes,
-            on_claim=lambda seconds: self.on_claim(seconds) if self.on_claim else None,
+            observer=self.observer,
             on_stopped=self.generations.remove,
         )
         self.generations.append(generation)
@@ -333,9 +335,13 @@ async def make_queue_client(
     instance_id: str | None = None,
     slots: SlotPool | None = None,
     hub: ListenHub | None = None,
+    observer: QueueObserver = QUIET,
 ) -> QueueClient:
     """A queue client on ``db``; with ``workers`` it can execute jobs. Its services are not
     running yet (see the module docstring).
+
+    ``observer`` is told of every claim and every completion written, from the first
+    (:mod:`engine.queue.observe`; nothing observes the queue without one).
 
     ``hub``: the process's LISTEN connection, which must listen on River's channels and which
     its maker runs (the service's records layer). Without one the client makes its own, on
@@ -346,6 +352,7 @@ async def make_queue_client(
         db.queue,
         CompleterConfig.from_section(config),
         notify_channel=channels.insert,
+        observer=observer,
     )
     return QueueClient(
         db,
@@ -358,6 +365,7 @@ async def make_queue_client(
         ),
         completer=completer,
         slots=slots or SlotPool(math.inf),
+        observer=observer,
     )
 
 

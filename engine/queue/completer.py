@@ -28,6 +28,7 @@ from engine.errors import DatabaseError
 from engine.queue.config import QueueConfig
 from engine.queue.executor import Completion
 from engine.queue.notifier import notify_queues
+from engine.queue.observe import QUIET, QueueObserver
 from engine.queue.states import JobState
 
 __all__ = ["Completer", "CompleterConfig", "write_completions"]
@@ -76,10 +77,10 @@ class CompleterConfig:
 class Completer:
     """The batch completer service; see the module docstring.
 
-    ``on_flushed(batch, seconds)`` is called after every write with the completions written:
-    ``seconds`` is the write's duration for the completer's own batches, and ``None`` for plain
-    completions a producer's claim carried (that statement is timed as a claim), so a caller
-    counting outcomes sees every one exactly once.
+    Its ``observer`` is told of every write with the completions written
+    (:meth:`~engine.queue.observe.QueueObserver.completions_flushed`): with the write's
+    duration for the completer's own batches, and ``None`` for plain completions a producer's
+    claim carried (that statement is timed as a claim), so every outcome is reported once.
     """
 
     def __init__(
@@ -88,12 +89,12 @@ class Completer:
         config: CompleterConfig,
         *,
         notify_channel: str | None = None,
-        on_flushed: Callable[[Sequence[Completion], float | None], None] | None = None,
+        observer: QueueObserver = QUIET,
     ) -> None:
         self.pool = pool
         self.config = config
         self.notify_channel = notify_channel
-        self.on_flushed = on_flushed
+        self.observer = observer
         self._send, self._receive = trio.open_memory_channel[Completion](math.inf)
         self.backlog = 0
         self.flushed = 0
@@ -139,8 +140,9 @@ class Completer:
     def plain_written(self, ids: list[int]) -> None:
         """A producer wrote ``ids`` (see :meth:`take_plain`)."""
         self._written(len(ids))
-        if self.on_flushed is not None:
-            self.on_flushed([Completion(i, "", JobState.COMPLETED) for i in ids], None)
+        self.observer.completions_flushed(
+            [Completion(i, "", JobState.COMPLETED) for i in ids], None
+        )
 
     def return_plain(self, ids: list[int]) -> None:
         """A producer could not write ``ids``; the completer writes them instead."""
@@ -224,8 +226,7 @@ class Completer:
             done.extend(chunk)
             self._written(len(chunk))
             self.flushes += 1
-        if self.on_flushed is not None:
-            self.on_flushed(done, trio.current_time() - started)
+        self.observer.completions_flushed(done, trio.current_time() - started)
 
     async def _write_with_retry(self, chunk: list[Completion], deadline: float) -> None:
         backoff = 0.05

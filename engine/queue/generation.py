@@ -25,6 +25,7 @@ from engine.queue.completer import Completer
 from engine.queue.config import QueueConfig
 from engine.queue.job import Job
 from engine.queue.notifier import Notifier
+from engine.queue.observe import QUIET, QueueObserver
 from engine.queue.producer import Producer, ProducerConfig, normalize_args_filter
 from engine.queue.runners import Runners
 from engine.queue.slots import SlotPool
@@ -100,7 +101,7 @@ class Generation:
         completer: Completer,
         slots: SlotPool,
         cancel_scopes: dict[int, trio.CancelScope],
-        on_claim: Callable[[float], None] | None = None,
+        observer: QueueObserver = QUIET,
         on_stopped: Callable[[Generation], None] | None = None,
     ) -> None:
         for queue, max_workers in config.queues.items():
@@ -114,7 +115,8 @@ class Generation:
         self.completer = completer
         self.slots = slots
         self.cancel_scopes = cancel_scopes
-        self.on_claim = on_claim
+        #: Told of every claim of this generation's producers.
+        self.observer = observer
         #: Called with this generation once it has ended (the client stops listing it).
         self.on_stopped = on_stopped
         self.producers: list[Producer] = []
@@ -226,7 +228,7 @@ class Generation:
                 self.slots,
                 start_job,
                 self.completer,
-                on_claim=self.on_claim,
+                observer=self.observer,
             )
             self.producers.append(producer)
             await producer.run(task_status=task_status)

@@ -40,6 +40,7 @@ from engine.db.sqlfiles import QUERIES
 from engine.errors import ConnectionLost, DatabaseError
 from engine.queue.completer import Completer
 from engine.queue.job import Job
+from engine.queue.observe import QUIET, QueueObserver
 from engine.queue.slots import SlotPool
 
 __all__ = ["Producer", "ProducerConfig", "normalize_args_filter"]
@@ -113,7 +114,7 @@ class Producer:
         start_job: Callable[[Job], None],
         completer: Completer,
         *,
-        on_claim: Callable[[float], None] | None = None,
+        observer: QueueObserver = QUIET,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -121,7 +122,7 @@ class Producer:
         self.slots = slots
         self._start_job = start_job
         self.completer = completer
-        self.on_claim = on_claim
+        self.observer = observer
         self.running = 0
         self.claimed = 0
         self.fetches = 0
@@ -281,6 +282,5 @@ class Producer:
             else:
                 self.completer.plain_written(carried)
         self.claimed += len(rows)
-        if self.on_claim is not None:
-            self.on_claim(trio.current_time() - started)
+        self.observer.claimed(trio.current_time() - started)
         return [Job.from_record(r) for r in rows]

@@ -96,6 +96,7 @@ from engine.schedules.model import Schedule, check_schedules
 from engine.schedules.scheduler import PeriodicScheduler
 from engine.service.engine import Engine
 from engine.service.health import DATABASE, Health
+from engine.service.observe import Observer
 from engine.service.settings import dispatcher_settings, recovery_settings
 from engine.service.supervise import supervise
 from engine.tasks.callbacks import CallbackCleaner
@@ -358,6 +359,8 @@ async def _assemble(
     events = EventWriter(db.tasks)
     keeper = LeaseKeeper(store, config.tasks.lease_renew_interval)
     metrics = Metrics()
+    # One observer for every part, handed over as each is built: nothing happens unobserved.
+    observer: Observer = metrics
     runner = TaskRunner(
         store,
         events,
@@ -374,20 +377,22 @@ async def _assemble(
             base=config.load.retry_base,
             spread_ms=config.load.retry_spread_ms,
         ),
+        observer=observer,
     )
-    runner.on_finished = metrics.observe_task_finished
-    runner.on_phase = metrics.observe_task_phase
-    runner.on_started = metrics.observe_task_started
     workers = Workers()
     workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
     slots = SlotPool(0)  # nothing runs until the capacity source grants a share
     # The process's one LISTEN connection, every consumer a subscriber (run by _run_tree).
     hub = ListenHub(db.tasks.listen_dsn, every_channel(await river_channels(db.queue)))
     queue = await make_queue_client(
-        db, config.queue, workers=workers, instance_id=instance_id, slots=slots, hub=hub
+        db,
+        config.queue,
+        workers=workers,
+        instance_id=instance_id,
+        slots=slots,
+        hub=hub,
+        observer=observer,
     )
-    queue.completer.on_flushed = metrics.observe_completions
-    queue.on_claim = metrics.observe_claim
     return Engine(
         config,
         db,
@@ -611,7 +616,7 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
             policy=engine.policy,
             load=engine.load,
             args_filter=args_filter,
-            on_change=lambda: engine.metrics.set_generations(len(engine.queue.generations)),
+            on_change=lambda: engine.metrics.generations_changed(len(engine.queue.generations)),
         ).run
     return CapacityRefresher(
         config,
@@ -621,7 +626,7 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
         policy=engine.policy,
         load=engine.load,
         sampler=sampler,
-        metrics=engine.metrics,
+        observer=engine.metrics,
         args_filter=args_filter,
         models=served,
         on_state=engine.health.mark,
@@ -643,7 +648,7 @@ async def _gauges(
     while True:
         metrics.set_queue_depth(await queue.counts())
         metrics.set_leader(queue.elector is not None and queue.elector.is_leader)
-        metrics.set_generations(len(queue.generations))
+        metrics.generations_changed(len(queue.generations))
         waiting = await engine.db.tasks.fetch(_WAITING_BY_MODEL)
         metrics.set_admissions_waiting({row["model"]: row["waiting"] for row in waiting})
         await trio.sleep(_GAUGES_INTERVAL)

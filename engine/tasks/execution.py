@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from engine.providers.context import TaskContext, task_context
 from engine.queue.job import Job
 from engine.tasks.gates import AdmissionGate, LoadSlot, RateLimited, Waiting
 from engine.tasks.leases import Execution, LeaseKeeper
+from engine.tasks.observe import QUIET, TaskObserver
 from engine.tasks.store import EventWriter, ProgressReport, TaskStore
 from engine.tasks.upstream import UpstreamCalls
 
@@ -84,8 +85,9 @@ class Executions(UpstreamCalls):
         admission: AdmissionGate | None,
         queue_timeout: float | None,
         handback_delay: float,
+        observer: TaskObserver = QUIET,
     ) -> None:
-        super().__init__(store, events, instance_id=instance_id)
+        super().__init__(store, events, instance_id=instance_id, observer=observer)
         self.keeper = keeper
         self.providers = providers
         self.simulated = simulated
@@ -97,8 +99,6 @@ class Executions(UpstreamCalls):
         #: claims it again.
         self.handback_delay = handback_delay
         self._handed_back: OrderedDict[uuid.UUID, None] = OrderedDict()
-        #: Called with the task each time an execution starts running it (metrics).
-        self.on_started: Callable[[Task], None] | None = None
         #: What each model's provider ``lifespan()`` yielded at service start, by model name
         #: (each task's ``TaskContext.resources``).
         self.resources: dict[str, Any] = {}
@@ -241,8 +241,7 @@ class Executions(UpstreamCalls):
 
     def _started(self, run: Run, task: Task) -> None:
         run.started = True
-        if self.on_started is not None:
-            self.on_started(task)
+        self.observer.task_started(task)
         self.emit(
             task,
             "task.started",
@@ -269,8 +268,7 @@ class Executions(UpstreamCalls):
             raise LeaseUnavailable()  # another execution owns it now
         handed = Task.from_record(row)
         if handed.status is TaskStatus.CANCELLED:
-            if self.on_finished is not None:
-                self.on_finished(TaskStatus.CANCELLED, handed)
+            self.observer.task_finished(TaskStatus.CANCELLED, handed)
             self.emit(
                 handed,
                 "task.cancelled",

@@ -15,6 +15,7 @@ import trio
 
 from engine.domain.tasks import Task, TaskEvent, TaskStatus
 from engine.errors import DatabaseError, LeaseUnavailable
+from engine.tasks.observe import QUIET, TaskObserver
 from engine.tasks.store import EventWriter, TaskStore
 
 __all__ = ["WRITE_RETRY_SHARE", "FencedWrites"]
@@ -33,13 +34,19 @@ _WRITE_RETRY_MAX = 2.0
 class FencedWrites:
     """A run's writes and events: the base of :class:`engine.tasks.runner.TaskRunner`."""
 
-    def __init__(self, store: TaskStore, events: EventWriter, *, instance_id: str) -> None:
+    def __init__(
+        self,
+        store: TaskStore,
+        events: EventWriter,
+        *,
+        instance_id: str,
+        observer: TaskObserver = QUIET,
+    ) -> None:
         self.store = store
         self.events = events
         self.instance_id = instance_id
-        #: Called with each outcome this process records and the task it ended, or None when
-        #: the run failed before its claim returned the task (metrics count them).
-        self.on_finished: Callable[[TaskStatus, Task | None], None] | None = None
+        #: Told of every start, phase and outcome of this process's runs (the metrics).
+        self.observer = observer
 
     def emit(self, task: Task, type_: str, **fields: Any) -> None:
         """Append an event to ``task``'s history (buffered)."""
@@ -94,8 +101,7 @@ class FencedWrites:
         if not finished:
             raise LeaseUnavailable()
         self.events.forget_phase(task.id)
-        if self.on_finished is not None:
-            self.on_finished(status, task)
+        self.observer.task_finished(status, task)
         self.emit(
             task,
             f"task.{status.value}",

@@ -67,6 +67,7 @@ from engine.tasks.execution import Executions, Run, TaskQueued
 from engine.tasks.gates import REFUSED_START_DELAY, AdmissionGate, LoadGate, LoadSlot
 from engine.tasks.jobs import TaskRunArgs
 from engine.tasks.leases import LeaseKeeper
+from engine.tasks.observe import QUIET, TaskObserver
 from engine.tasks.store import EventWriter, TaskStore
 from engine.tasks.upstream import ProviderCrash
 
@@ -81,6 +82,8 @@ class TaskRunner(Executions):
     ``load`` is the process's load gate (None: every start is let through) and
     ``load_retry_delay`` the seconds a job it refused snoozes, by task id (None: a fixed
     ``REFUSED_START_DELAY``); ``admission`` starts the pending claims of limited tasks.
+    ``observer`` is told of every start, phase and outcome, from the first
+    (:mod:`engine.tasks.observe`; nothing observes the runner without one).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class TaskRunner(Executions):
         admission: AdmissionGate | None = None,
         load_retry_delay: Callable[[str], float] | None = None,
         handback_delay: float = 5.0,
+        observer: TaskObserver = QUIET,
     ) -> None:
         super().__init__(
             store,
@@ -109,6 +113,7 @@ class TaskRunner(Executions):
             admission=admission,
             queue_timeout=queue_timeout,
             handback_delay=handback_delay,
+            observer=observer,
         )
         self.load = load
         self.lock_timeout_delay = lock_timeout_delay
@@ -238,8 +243,7 @@ class TaskRunner(Executions):
         )
         if await self.store.finish(run.task_id, run.token, TaskStatus.FAILED, error=error):
             self.events.forget_phase(run.task_id)
-            if self.on_finished is not None:
-                self.on_finished(TaskStatus.FAILED, run.task)
+            self.observer.task_finished(TaskStatus.FAILED, run.task)
             if run.task is not None:
                 self.emit(
                     run.task,

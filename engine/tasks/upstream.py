@@ -34,6 +34,7 @@ from engine.providers.throttle import UpstreamThrottle
 from engine.tasks.fenced import FencedWrites
 from engine.tasks.gates import LoadSlot, Phase
 from engine.tasks.leases import Execution
+from engine.tasks.observe import QUIET, TaskObserver
 from engine.tasks.store import EventWriter, TaskStore
 
 __all__ = ["ProviderCrash", "UpstreamCalls", "answer_despite_a_stop", "provider_call"]
@@ -133,8 +134,15 @@ class UpstreamCalls(FencedWrites):
     """An execution's provider calls, with the settings that bound them: a base of
     :class:`engine.tasks.runner.TaskRunner`."""
 
-    def __init__(self, store: TaskStore, events: EventWriter, *, instance_id: str) -> None:
-        super().__init__(store, events, instance_id=instance_id)
+    def __init__(
+        self,
+        store: TaskStore,
+        events: EventWriter,
+        *,
+        instance_id: str,
+        observer: TaskObserver = QUIET,
+    ) -> None:
+        super().__init__(store, events, instance_id=instance_id, observer=observer)
         #: Seconds a stop waits for an upstream submission already under way to answer.
         self.submit_grace = 10.0
         #: Seconds a run keeps submitting again after NotSubmitted / UpstreamBusy answers (the
@@ -148,8 +156,6 @@ class UpstreamCalls(FencedWrites):
         self.resubmit_backoff = 0.5
         #: Models whose upstream answered "busy" (429, 503): their submissions wait here.
         self.upstream_busy = UpstreamThrottle()
-        #: Called with (phase, seconds, model) as each phase of an execution ends (metrics).
-        self.on_phase: Callable[[str, float, str], None] | None = None
         #: Where this process serves ``POST /hooks/<task id>`` (``http://host:port``), or None
         #: when it serves no hooks: then providers' callbacks are not waited for, and every
         #: model polls at its ``poll_interval``.
@@ -397,8 +403,7 @@ class UpstreamCalls(FencedWrites):
 
     def _phase_done(self, phase: str, started: float, model: str) -> float:
         now = trio.current_time()
-        if self.on_phase is not None:
-            self.on_phase(phase, now - started, model)
+        self.observer.phase_done(phase, now - started, model)
         return now
 
     async def _enter(self, lease: LoadSlot | None, phase: Phase) -> None:

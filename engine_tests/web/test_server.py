@@ -46,7 +46,7 @@ async def test_metrics_through_prometheus_exposition(
     served: tuple[int, Metrics, Ready],
 ) -> None:
     port, metrics, _ = served
-    metrics.observe_resize("success")
+    metrics.resized("success")
     reply = await request(port, "GET", "/metrics")
     assert reply.status == 200
     assert reply.headers["content-type"] == CONTENT_TYPE
