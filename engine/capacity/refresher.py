@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import trio
 
+from engine.capacity.config import WorkerConfig
 from engine.capacity.observe import QUIET, CapacityObserver
 from engine.capacity.registry import (
     Allocation,
@@ -37,7 +38,6 @@ from engine.capacity.registry import (
 )
 from engine.capacity.room import GenerationRoom, ShutdownPolicy
 from engine.capacity.snapshot import CapacitySnapshot
-from engine.config import EngineConfig
 from engine.db.channels import CATALOG
 from engine.db.database import Database
 from engine.db.listen import ListenHub, wakeup
@@ -70,7 +70,7 @@ class CapacityRefresher:
 
     def __init__(
         self,
-        config: EngineConfig,
+        worker: WorkerConfig,
         db: Database,
         queue: QueueClient,
         slots: SlotPool,
@@ -91,7 +91,7 @@ class CapacityRefresher:
         ``observer`` is told of every share, split, resize and change of generations
         (:mod:`engine.capacity.observe`; nothing observes the refresher without one)."""
         self.hub = hub
-        self.config = config
+        self.worker = worker
         self.db = db
         self.queue = queue
         self.slots = slots
@@ -102,8 +102,8 @@ class CapacityRefresher:
         self.models = models
         self.room = GenerationRoom(
             queue,
-            config.queue.name,
-            resize_drain_timeout=config.worker.drain_timeout,
+            queue.config.name,
+            resize_drain_timeout=worker.drain_timeout,
             args_filter=args_filter,
             on_change=self._generations_changed,
         )
@@ -123,14 +123,14 @@ class CapacityRefresher:
     @property
     def stale_after(self) -> float:
         """Seconds without a heartbeat before an instance leaves the split (6 periods)."""
-        return self.config.worker.refresh_interval * self.config.worker.heartbeat_stale_factor
+        return self.worker.refresh_interval * self.worker.heartbeat_stale_factor
 
     def wake(self) -> None:
         """Refresh now instead of at the next tick."""
         self._wake.set()
 
     async def _register(self) -> tuple[CapacitySnapshot, Allocation]:
-        worker = self.config.worker
+        worker = self.worker
         snapshot = await load_capacity(self.db.coordination, worker.hard_limit)
         load_snapshot = None
         if self.sampler is not None:
@@ -221,7 +221,7 @@ class CapacityRefresher:
     async def _mark_draining(self) -> None:
         """Take this instance out of the split (shielded, ``worker.mark_draining_timeout``);
         the others are told through NOTIFY and take its share at once."""
-        with trio.move_on_after(self.config.worker.mark_draining_timeout, shield=True):
+        with trio.move_on_after(self.worker.mark_draining_timeout, shield=True):
             try:
                 if await mark_draining(self.db.coordination, self.queue.instance_id):
                     await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG)
@@ -244,7 +244,7 @@ class CapacityRefresher:
                 await self.refresh_once()
                 task_status.started()
                 while True:
-                    with trio.move_on_after(self.config.worker.refresh_interval):
+                    with trio.move_on_after(self.worker.refresh_interval):
                         await self._wake.wait()
                     self._wake = trio.Event()
                     await self.refresh_once()

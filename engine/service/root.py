@@ -619,7 +619,7 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
             on_change=lambda: engine.metrics.generations_changed(len(engine.queue.generations)),
         ).run
     return CapacityRefresher(
-        config,
+        config.worker,
         engine.db,
         engine.queue,
         engine.queue.slots,
