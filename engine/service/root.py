@@ -56,18 +56,10 @@ from pathlib import Path
 import attrs
 import trio
 
-from engine.admission.dispatcher import Dispatcher
-from engine.admission.gate import ScopeGate
-from engine.capacity.fixed import FixedCapacity
-from engine.capacity.refresher import CapacityRefresher
-from engine.capacity.room import ShutdownPolicy
-from engine.capacity.snapshot import UNBOUNDED_FALLBACK
 from engine.config import EngineConfig
 from engine.db.bridge import Connection, asyncio_loop
-from engine.db.channels import every_channel, river_channels
-from engine.db.database import Database, DatabaseUrls, open_database
+from engine.db.database import DatabaseUrls, open_database
 from engine.db.dsn import redact
-from engine.db.listen import ListenHub
 from engine.db.probe import probe_database
 from engine.db.resolve import (
     embedded_data_dir,
@@ -75,48 +67,28 @@ from engine.db.resolve import (
     migrate_databases,
     open_urls,
 )
-from engine.db.sqlfiles import QUERIES
 from engine.db.watch import watch_embedded
 from engine.errors import ConfigError, leaves
 from engine.load.controller import LoadController, LoadThresholds
-from engine.load.retry_delay import worker_load_retry_delay
-from engine.load.sampler import LoadSamplerService, ProcessSampler, db_usage
-from engine.metrics import Metrics
 from engine.providers.app import check_providers, load_app, open_providers
-from engine.providers.base import Provider, callback_poll_interval
+from engine.providers.base import Provider
 from engine.providers.context import open_lifespans
-from engine.providers.simulated import SimulatedProvider
-from engine.queue.client import make_instance_id, make_queue_client
-from engine.queue.generation import MAX_WORKERS
 from engine.queue.insert import InsertParams, insert_tx
-from engine.queue.slots import SlotPool
-from engine.queue.workers import Workers
-from engine.recovery.rescuer import RecoveryReport, Rescuer
-from engine.schedules.model import Schedule, check_schedules
+from engine.schedules.model import Schedule
 from engine.schedules.scheduler import PeriodicScheduler
+from engine.service.assemble import assemble, configured_schedules, with_http_models
+from engine.service.control import start_control
 from engine.service.engine import Engine
-from engine.service.health import DATABASE, Health
-from engine.service.observe import Observer
-from engine.service.settings import dispatcher_settings, recovery_settings
-from engine.service.supervise import supervise
+from engine.service.health import DATABASE
 from engine.tasks.callbacks import CallbackCleaner
-from engine.tasks.jobs import TaskRunArgs, model_claim_filter
-from engine.tasks.leases import LeaseKeeper
-from engine.tasks.notices import TaskNotices
-from engine.tasks.runner import TaskRunner
-from engine.tasks.store import EventWriter, TaskStore
 
 __all__ = ["open", "serve"]
 
 log = logging.getLogger(__name__)
 
-_WAITING_BY_MODEL = QUERIES["admission_count_waiting_by_model"]
-
 #: Seconds the records layer gets to stop once the control layer has: the completer's and the
 #: event writer's last flushes are bounded on their own (30 s and 10 s), this bounds the rest.
 _RECORDS_STOP_TIMEOUT = 45.0
-#: Seconds between two updates of the gauges (queue depth, leader, waiting admissions).
-_GAUGES_INTERVAL = 5.0
 
 
 async def serve(
@@ -232,12 +204,6 @@ def _describe(exc: BaseException) -> str:
     return str(leaf) or type(leaf).__name__
 
 
-def _fixed_size(config: EngineConfig) -> int:
-    worker = config.worker
-    # One generation runs at most MAX_WORKERS jobs, whatever the cluster-wide cap allows.
-    return min(worker.instance_hard_limit or worker.hard_limit or UNBOUNDED_FALLBACK, MAX_WORKERS)
-
-
 async def _serve_once(
     config: EngineConfig,
     providers: Mapping[str, Provider] | None,
@@ -251,7 +217,7 @@ async def _serve_once(
     """One attempt of :func:`serve`."""
     worker = control and config.worker.mode == "worker"
     dbc = config.database
-    every_schedule = _schedules(config, schedules)
+    every_schedule = configured_schedules(config, schedules)
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(asyncio_loop())
         if providers is None and config.app is not None and worker:
@@ -260,7 +226,7 @@ async def _serve_once(
             # Imported here: httpx is loaded only by a service that serves HTTP models.
             from engine.providers.http.provider import open_http_providers
 
-            providers = _with_http_models(
+            providers = with_http_models(
                 providers or {},
                 await stack.enter_async_context(open_http_providers(config.http_models)),
             )
@@ -282,7 +248,7 @@ async def _serve_once(
                 heavy_limit=config.load.heavy_limit,
                 thresholds=LoadThresholds.from_section(config.load),
             )
-        engine = await _assemble(config, db, urls, served, simulated, load if worker else None)
+        engine = await assemble(config, db, urls, served, simulated, load if worker else None)
         engine.runner.resources = resources
         await _run_tree(
             engine,
@@ -292,39 +258,6 @@ async def _serve_once(
             watch=None if external else embedded_data_dir(config.data_dir),
             on_started=on_started,
         )
-
-
-def _with_http_models(
-    providers: Mapping[str, Provider], http: Mapping[str, Provider]
-) -> dict[str, Provider]:
-    """The app's providers and the ``[[http_models]]`` ones together.
-
-    Raises:
-        ConfigError: a model has both.
-    """
-    both = sorted(set(providers) & set(http))
-    if both:
-        raise ConfigError(
-            [
-                f"http_models: model {name!r} also has a provider from the app (or engine.open); "
-                "describe it in one place"
-                for name in both
-            ]
-        )
-    return {**providers, **http}
-
-
-def _schedules(config: EngineConfig, schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
-    """The configuration's schedules and the app's, checked together.
-
-    Raises:
-        ConfigError: a schedule of the app is invalid, or two share a name.
-    """
-    every = (*config.schedules, *schedules)
-    problems = check_schedules(every)
-    if problems:
-        raise ConfigError(problems)
-    return every
 
 
 def _periodic(engine: Engine, schedules: Sequence[Schedule]) -> PeriodicScheduler:
@@ -342,74 +275,6 @@ def _periodic(engine: Engine, schedules: Sequence[Schedule]) -> PeriodicSchedule
         leader_id=engine.instance_id,
         default_max_attempts=engine.config.queue.default_max_attempts,
         rollback_timeout=engine.config.worker.enqueue_rollback_timeout,
-    )
-
-
-async def _assemble(
-    config: EngineConfig,
-    db: Database,
-    urls: DatabaseUrls,
-    providers: dict[str, Provider],
-    simulated: Provider | None,
-    load: LoadController | None,
-) -> Engine:
-    """Build every part (no service runs yet)."""
-    instance_id = config.instance_name or make_instance_id()
-    store = TaskStore(db.tasks, instance_id, lease_ttl=config.tasks.lease_ttl)
-    events = EventWriter(db.tasks)
-    keeper = LeaseKeeper(store, config.tasks.lease_renew_interval)
-    metrics = Metrics()
-    # One observer for every part, handed over as each is built: nothing happens unobserved.
-    observer: Observer = metrics
-    runner = TaskRunner(
-        store,
-        events,
-        keeper,
-        providers,
-        simulated=simulated or SimulatedProvider(),
-        instance_id=instance_id,
-        load=load,
-        lock_timeout_delay=config.worker.lock_timeout_requeue_delay,
-        queue_timeout=config.admission.queue_timeout,
-        admission=ScopeGate(db.tasks, db.coordination),
-        load_retry_delay=functools.partial(
-            worker_load_retry_delay,
-            base=config.load.retry_base,
-            spread_ms=config.load.retry_spread_ms,
-        ),
-        observer=observer,
-    )
-    workers = Workers()
-    workers.register(TaskRunArgs, runner.work, kind=config.queue.job_kind)
-    slots = SlotPool(0)  # nothing runs until the capacity source grants a share
-    # The process's one LISTEN connection, every consumer a subscriber (run by _run_tree).
-    hub = ListenHub(db.tasks.listen_dsn, every_channel(await river_channels(db.queue)))
-    queue = await make_queue_client(
-        db,
-        config.queue,
-        workers=workers,
-        instance_id=instance_id,
-        slots=slots,
-        hub=hub,
-        observer=observer,
-    )
-    return Engine(
-        config,
-        db,
-        queue,
-        store,
-        TaskNotices(hub, keeper.cancel, keeper.wake),
-        keeper,
-        runner,
-        event_writer=events,
-        urls=urls,
-        metrics=metrics,
-        health=Health(),
-        policy=ShutdownPolicy(
-            drain_timeout=config.worker.shutdown_drain_timeout,
-            stop_timeout=config.worker.stop_timeout,
-        ),
-        load=load,
     )
 
 
@@ -495,7 +360,7 @@ async def _run_tree(
                 )
             if control:
                 siblings = await root.start(controls.run)
-                await _start_control(engine, siblings, worker=worker)
+                await start_control(engine, siblings, worker=worker)
             engine.health.serving = True
             # The command line's read-only tools open the records layer only: not worth a line.
             log.log(
@@ -524,131 +389,3 @@ async def _run_tree(
                 await engine.queue.close_completer()
                 await records.stop(_RECORDS_STOP_TIMEOUT)
             root.cancel_scope.cancel(reason="engine stopped")
-
-
-async def _start_control(engine: Engine, nursery: trio.Nursery, *, worker: bool) -> None:
-    """Start the control layer's siblings in order, each under :func:`supervise`."""
-    config, db, metrics, health = engine.config, engine.db, engine.metrics, engine.health
-    hub = engine.queue.notifier.hub
-    # A worker whose providers take upstream callbacks serves POST /hooks/<task id>, on the
-    # one HTTP server (started for it even with metrics and the dashboard off).
-    hooks = worker and any(
-        callback_poll_interval(p) is not None for p in engine.runner.providers.values()
-    )
-    if config.metrics.enabled or config.dashboard.enabled or hooks:
-        # One HTTP server: /metrics (if metrics.enabled), /healthz, /readyz, the hooks and the
-        # dashboard (if dashboard.enabled); refused off loopback without the dashboard's
-        # credentials. Imported here: the web stack is loaded only by a service that serves it.
-        from engine.web.service import http_server
-
-        server = http_server(
-            engine,
-            metrics=bool(config.metrics.enabled),
-            dashboard=bool(config.dashboard.enabled),
-            hooks=hooks,
-        )
-        port = await nursery.start(supervise, "metrics", lambda: server.run, health)
-        base = f"http://{config.metrics.host}:{port}"
-        if hooks:
-            engine.runner.hooks_base_url = base
-            log.info(
-                "upstream callbacks served",
-                extra={"event": "hooks_started", "url": f"{base}/hooks/"},
-            )
-        if config.metrics.enabled:
-            engine.metrics_url = f"{base}/metrics"
-            log.info(
-                "metrics served", extra={"event": "metrics_started", "url": engine.metrics_url}
-            )
-        if config.dashboard.enabled:
-            engine.dashboard_url = f"{base}/"
-            log.info(
-                "dashboard served",
-                extra={"event": "dashboard_started", "url": engine.dashboard_url},
-            )
-    sampler: LoadSamplerService | None = None
-    if worker and engine.load is not None:
-        sampler = LoadSamplerService(
-            engine.load,
-            ProcessSampler(),
-            interval=config.load.sample_interval,
-            connections=lambda: db_usage(db),
-            on_snapshot=metrics.set_load,
-        )
-        await nursery.start(supervise, "load_sampler", lambda: sampler.run, health)
-
-    def rescuer() -> Callable[..., Awaitable[None]]:
-        return Rescuer(
-            recovery_settings(config),
-            db,
-            engine.instance_id,
-            engine.queue.channels.insert,
-            client_mode=not worker,
-            on_report=lambda report: _count_recovery(metrics, report),
-        ).run
-
-    await nursery.start(supervise, "recovery", rescuer, health)
-    await nursery.start(
-        supervise,
-        "admission",
-        lambda: (
-            Dispatcher(dispatcher_settings(config), db, engine.queue.channels.insert, hub=hub).run
-        ),
-        health,
-    )
-    if worker:
-        await nursery.start(supervise, "capacity", lambda: _capacity(engine, sampler), health)
-    await nursery.start(supervise, "gauges", lambda: functools.partial(_gauges, engine), health)
-
-
-def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..., Awaitable[None]]:
-    """A fresh capacity source (its ``run``), as ``worker.capacity`` chooses."""
-    config = engine.config
-    served = tuple(sorted(engine.runner.providers))
-    # Live tasks carry their model in the job's args; claim only those this process serves
-    # (and every job without a model: simulation tasks, jobs a Go client inserted).
-    args_filter = model_claim_filter(served)
-    if config.worker.capacity == "fixed":
-        return FixedCapacity(
-            engine.queue,
-            config.queue.name,
-            _fixed_size(config),
-            policy=engine.policy,
-            load=engine.load,
-            args_filter=args_filter,
-            on_change=lambda: engine.metrics.generations_changed(len(engine.queue.generations)),
-        ).run
-    return CapacityRefresher(
-        config.worker,
-        engine.db,
-        engine.queue,
-        engine.queue.slots,
-        policy=engine.policy,
-        load=engine.load,
-        sampler=sampler,
-        observer=engine.metrics,
-        args_filter=args_filter,
-        models=served,
-        on_state=engine.health.mark,
-        hub=engine.queue.notifier.hub,
-    ).run
-
-
-def _count_recovery(metrics: Metrics, report: RecoveryReport) -> None:
-    for kind, n in attrs.asdict(report).items():
-        metrics.count_recoveries(kind, n)
-
-
-async def _gauges(
-    engine: Engine, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Refresh the gauges that no event updates, every few seconds."""
-    metrics, queue = engine.metrics, engine.queue
-    task_status.started()
-    while True:
-        metrics.set_queue_depth(await queue.counts())
-        metrics.set_leader(queue.elector is not None and queue.elector.is_leader)
-        metrics.generations_changed(len(queue.generations))
-        waiting = await engine.db.tasks.fetch(_WAITING_BY_MODEL)
-        metrics.set_admissions_waiting({row["model"]: row["waiting"] for row in waiting})
-        await trio.sleep(_GAUGES_INTERVAL)
