@@ -142,7 +142,8 @@ def setting(default: _T, doc: str, rule: Any) -> _T:
     """A config field: its default, its user documentation and its rule.
 
     ``doc`` reaches users through ``docs/configuration.md``: say what the setting does in
-    engine, its unit, and where its default comes from.
+    engine, its unit, and, where it matters, why its default is what it is (never whose value
+    it was: the reader has only this repository).
     """
     return attrs.field(default=default, validator=rule, metadata={"doc": doc})
 
@@ -154,7 +155,7 @@ class Rule:
     names: tuple[str, ...]
     """The dotted names of the fields it relates (``queue.fetch_cooldown``)."""
     text: str
-    """The rule in words, as the tail of an error message and a line of the reference."""
+    """The rule in words: the tail of an error message, and a line of ``docs/configuration.md``."""
     holds: Callable[[Mapping[str, Any]], bool]
     """True when the values satisfy the rule."""
 

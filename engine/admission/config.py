@@ -17,19 +17,19 @@ class AdmissionConfig:
     dispatch_interval: float = setting(
         0.5,
         "Seconds between dispatcher passes that admit waiting tasks into free scope slots; a "
-        "lease release also wakes it. Proposed.",
+        "lease release also wakes it.",
         number(gt=0),
     )
     reap_interval: float = setting(
         5.0,
         "Seconds between the dispatcher's passes that fail the tasks that waited for "
-        "admission longer than `admission.queue_timeout`. Proposed.",
+        "admission longer than `admission.queue_timeout`.",
         number(gt=0),
     )
     stale_after: float = setting(
         45.0,
         "Seconds after which an admitted task that has not started gives its reserved slots "
-        "back and waits again, keeping its place in line (reference: 45 s). Must exceed twice "
+        "back and waits again, keeping its place in line. Must exceed twice "
         "`worker.refresh_interval`.",
         number(gt=0),
     )

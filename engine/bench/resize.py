@@ -115,7 +115,7 @@ __all__ = ["REFRESH_INTERVAL", "STALE_WINDOW", "TARGETS", "run_resize_bench"]
 
 #: ``worker.refresh_interval`` of the workers, seconds.
 REFRESH_INTERVAL: Final = 0.5
-#: ``worker.heartbeat_stale_factor`` (the reference's 6 periods).
+#: ``worker.heartbeat_stale_factor`` (its default, 6 periods).
 STALE_FACTOR: Final = 6
 #: Seconds without a heartbeat before an instance leaves the split.
 STALE_WINDOW: Final = REFRESH_INTERVAL * STALE_FACTOR

@@ -21,59 +21,59 @@ class WorkerConfig:
         "worker",
         "`worker` runs jobs. `client` runs none and leads no maintenance: it submits tasks "
         "(inserting their jobs), dispatches admissions, and in each recovery round only gives "
-        "a job to every queued task without a live one (the reference's "
-        "`StartAsyncQueueWorker` and `StartAsyncQueueClient`).",
+        "a job to every queued task without a live one.",
         choice("worker", "client"),
     )
     refresh_interval: float = setting(
         5.0,
         "Seconds between capacity refreshes; each refresh re-registers the instance, which is "
-        "its heartbeat (the reference's `AsyncWorkerRefreshIntervalSeconds`, whose default was "
-        "not seen; 5 s is proposed).",
+        "its heartbeat. Times `worker.heartbeat_stale_factor` (30 s by default) it is about how "
+        "long a crashed instance keeps its share before the others take it.",
         number(gt=0),
     )
     heartbeat_stale_factor: int = setting(
         6,
         "An instance whose last heartbeat is older than this many refresh intervals gets no "
-        "share of the capacity (reference: 6).",
+        "share of the capacity; 6 lets an instance miss five heartbeats in a row (a slow "
+        "database, a long pause) before the others take its share.",
         integer(2),
     )
     hard_limit: int = setting(
         100,
-        "Cap on the cluster-wide worker capacity; 0 means no cap (the reference's "
-        "`AsyncWorkerHardLimit`). At most 2,147,483,647 (the registry's integer columns); "
-        "each instance still runs at most 10,000 at once. Proposed default.",
+        "Cap on the cluster-wide worker capacity; 0 means no cap. At most 2,147,483,647 (the "
+        "registry's integer columns); each instance still runs at most 10,000 at once.",
         integer(0, 2_147_483_647),
     )
     instance_hard_limit: int = setting(
         0,
         "Cap on the capacity of this instance; 0 means no cap beyond the 10,000 jobs one "
-        "generation runs at most (the reference's `AsyncWorkerInstanceHardLimit`).",
+        "generation runs at most.",
         integer(0, 10_000),
     )
     drain_timeout: float = setting(
         3600.0,
         "Seconds a worker generation replaced by a resize may spend finishing its running jobs "
-        "before they are cancelled (reference: 1 h).",
+        "before they are cancelled.",
         number(gt=0),
     )
     stop_timeout: float = setting(
         10.0,
         "Seconds each worker generation gets to stop once its jobs are cancelled, at shutdown "
-        "and cleanup (reference: 10 s).",
+        "and cleanup.",
         number(gt=0),
     )
     mark_draining_timeout: float = setting(
         5.0,
-        "Timeout in seconds for marking this instance draining at shutdown (reference: 5 s).",
+        "Seconds allowed at shutdown for marking this instance draining, which hands its share "
+        "to the others at once; past it shutdown goes on, and the others take the share once "
+        "its heartbeat is stale.",
         number(gt=0),
     )
     enqueue_rollback_timeout: float = setting(
         5.0,
         "Seconds a failed enqueue transaction (submit, recovery re-enqueue, admission, "
         "`tasks retry`) gets to roll back, shielded from the cancellation that may have caused "
-        "the failure; past it the connection is dropped, which also ends the transaction "
-        "(reference: 5 s on a fresh context).",
+        "the failure; past it the connection is dropped, which also ends the transaction.",
         number(gt=0),
     )
     capacity: Literal["registry", "fixed"] = setting(
@@ -89,25 +89,24 @@ class WorkerConfig:
         10.0,
         "Seconds running tasks get to finish at shutdown (the first SIGINT or SIGTERM, or "
         "leaving an `engine.open` block) before they are requeued; no new task is claimed "
-        "meanwhile. A requeued task that was already submitted upstream keeps its reference "
-        "and resumes polling on another instance. 0 requeues at once.",
+        "meanwhile. A requeued task that was already submitted upstream keeps its upstream "
+        "reference and resumes polling on another instance. 0 requeues at once.",
         number(ge=0),
     )
     startup_attempts: int = setting(
         3,
         "Attempts of the whole service start (connecting, migrations, registration, the first "
-        "recovery round, the first generation) before the process exits with the last error "
-        "(reference: 3).",
+        "recovery round, the first generation) before the process exits with the last error.",
         integer(1),
     )
     startup_retry_delay: float = setting(
         2.0,
-        "Seconds between two attempts of the service start (reference: 2 s).",
+        "Seconds between two attempts of the service start.",
         number(ge=0),
     )
     lock_timeout_requeue_delay: float = setting(
         1.0,
         "When a run hits a PostgreSQL lock timeout before the upstream submission, the task is "
-        "requeued this many seconds later and its job snoozed as long (reference: 1 s).",
+        "requeued this many seconds later and its job snoozed as long.",
         number(ge=0),
     )

@@ -7,7 +7,8 @@ The database side of capacity, registration and draining. Each refresh tick a wo
 2. calls :func:`register_instance` with that figure and its load. Registration *is* the
    heartbeat: it upserts the instance's row, splits the global capacity over the live instances
    (:func:`~engine.capacity.allocation.allocate`), stores every share, and returns this
-   instance's share, which becomes its River ``MaxWorkers`` and its load claim limit.
+   instance's share, which becomes its queue generation's ``max_workers`` and its load claim
+   limit.
 
 At shutdown :func:`mark_draining` takes the instance out of the split; the others
 absorb its share at their next registration.
@@ -61,8 +62,8 @@ REGISTRY_LOCK_KEY: Final = zlib.crc32(b"engine.capacity.registry")
 DEFAULT_STALE_ROW_RETENTION: Final = 24 * 3600.0
 """Seconds after its last heartbeat a registry row is deleted by :func:`delete_stale_instances`.
 
-A day: long past any heartbeat window (the Go worker's: 6 refresh periods), long enough to
-inspect a crashed pod's last report. Proposed, not from the Go worker."""
+A day: long past the heartbeat window (``worker.heartbeat_stale_factor`` refresh intervals,
+30 s by default), and long enough to inspect a crashed pod's last report."""
 
 _NORMAL_PRESSURE: Final = "normal"
 _LEGACY_MODE: Final = "legacy"
@@ -78,7 +79,8 @@ _LIST = QUERIES["worker_instance_list"]
 _DELETE_STALE = QUERIES["worker_instance_delete_stale"]
 _UNSERVED = QUERIES["worker_instance_unserved_models"]
 
-# Environment variables the Go worker reads for the registration, trimmed.
+# Environment variables the registration reports, trimmed: the pod's identity, its site and
+# the deployed revision, as the deployment sets them.
 _ENV_POD_UID: Final = "POD_UID"
 _ENV_POD_NAME: Final = "POD_NAME"
 _ENV_SITE: Final = "EASYAI_SITE"
@@ -149,8 +151,7 @@ def _to_models(value: Iterable[str] | None) -> tuple[str, ...] | None:
 
 @attrs.frozen(kw_only=True)
 class Registration:
-    """What one instance reports at each registration (the Go worker's
-    ``WorkerRegistrationInput``).
+    """What one instance reports at each registration.
 
     Attributes:
         instance_id: the registry key, unique per process start.
@@ -162,7 +163,7 @@ class Registration:
             (:attr:`CapacitySnapshot.capacity`); the figure that gets split.
         capacity_limit: the per-instance hard limit; 0 means none.
         heartbeat_stale_after: seconds after which an instance that has not registered drops
-            out of the split (the Go worker's: 6 × the refresh interval).
+            out of the split (``worker.refresh_interval × worker.heartbeat_stale_factor``).
         load_mode: the load controller's mode.
         safe_capacity: the controller's safe capacity (the "active limit"); ``None`` if unknown.
         heavy_capacity: the controller's heavy-phase limit; ``None`` if unknown.
@@ -211,12 +212,12 @@ class Registration:
         environ: Mapping[str, str] | None = None,
         models: Iterable[str] | None = None,
     ) -> Registration:
-        """Build the registration the way the Go worker does.
+        """Build the registration from the environment and the load controller's snapshot.
 
         Pod identity comes from ``POD_UID``, ``POD_NAME``, ``EASYAI_SITE`` and
         ``AI_GATEWAY_REVISION``, trimmed. Without a load controller (``load=None``) the instance
-        reports the reference's legacy figures: mode ``legacy``, safe and heavy capacity equal to
-        ``capacity_limit``, no tasks, pressure ``normal`` (as its ``sampleWorkerLoad``).
+        reports no load: mode ``legacy``, safe and heavy capacity equal to
+        ``capacity_limit``, no tasks, pressure ``normal``.
 
         Args:
             instance_id: the registry key.
@@ -277,11 +278,11 @@ class Allocation:
     """The answer to one registration: this instance's share and the totals of the split.
 
     Attributes:
-        allocated: this instance's share: its River ``MaxWorkers`` and load claim limit. 0 when
-            the instance is not in the active set (draining).
+        allocated: this instance's share: its generation's ``max_workers`` and load claim
+            limit. 0 when the instance is not in the active set (draining).
         global_allocated: the sum of all shares; below ``desired_capacity`` when per-instance
-            caps bind (why the newer reference reports it as ``GlobalCapacity``).
-        desired_capacity: the global capacity that was split (the older reference's figure).
+            caps bind, so it is the capacity the cluster actually has (the metrics report it).
+        desired_capacity: the global capacity that was split.
         active_instances: the size of the active set, this instance included when active.
         instance_id: the registered instance.
     """
@@ -417,11 +418,11 @@ async def mark_draining(pool: Pool, instance_id: str) -> bool:
     Sets ``status = 'draining'``, ``draining_at`` (the first time only) and ``allocated = 0``,
     under the registry lock so a registration in flight cannot write a share back over it. The
     remaining instances absorb the share at their next registration. The caller bounds this
-    with ``WorkerConfig.mark_draining_timeout`` (5 s in the reference).
+    with ``WorkerConfig.mark_draining_timeout`` (5 s by default).
 
     Returns:
-        ``True`` if the row exists; ``False`` if the instance never registered (the reference
-        ignores that case, e.g. in client mode).
+        ``True`` if the row exists; ``False`` if the instance never registered (e.g. in client
+        mode): there was nothing to take out.
 
     Raises:
         DatabaseError: the update failed.

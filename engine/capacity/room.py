@@ -15,8 +15,8 @@ old and new together within the share.
 Shutdown (:meth:`GenerationRoom.close`) is one policy for every way a process stops: no
 generation claims any more; running tasks get ``drain_timeout`` seconds to finish; what still
 runs then is cancelled, and each interrupted task is requeued (a task already submitted upstream
-keeps its reference, so the next run resumes polling). :meth:`ShutdownPolicy.hurry` ends the
-drain at once (the service's second signal).
+keeps its upstream reference, so the next run resumes polling). :meth:`ShutdownPolicy.hurry`
+ends the drain at once (the service's second signal).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class GenerationRoom:
         self.queue = queue
         self.queue_name = queue_name
         #: Seconds a generation replaced by a resize may finish its jobs before they are
-        #: cancelled (``worker.drain_timeout``; the Go worker's 1 h).
+        #: cancelled (``worker.drain_timeout``, 1 h by default).
         self.resize_drain_timeout = resize_drain_timeout
         self.args_filter = args_filter
         #: Called whenever the set of generations changes (metrics).

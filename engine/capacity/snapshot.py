@@ -1,7 +1,8 @@
 """The global worker capacity, computed from model and group concurrency limits.
 
-The store reads the enabled models and groups with their ``concurrency_limit`` and this module
-turns them into one :class:`CapacitySnapshot`. Pure: no database access.
+The registry (:func:`~engine.capacity.registry.load_capacity`) reads the enabled models and
+groups with their ``concurrency_limit`` and this module turns them into one
+:class:`CapacitySnapshot`. Pure: no database access.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ __all__ = [
 UNBOUNDED_FALLBACK = 10_000
 """Desired capacity when nothing bounds it: no limited model or group and no hard limit.
 
-The Go worker falls back to the hard limit when both bounds are infinite, but a hard limit of 0
-means "no cap" and leaves no finite number. Raising would stop the worker over a legal (if
-unwise) configuration, and 0 would silently run nothing, so we use River's largest legal
-``QueueConfig.MaxWorkers`` (10 000): the most one River client could ever run anyway.
+When both bounds are infinite the hard limit is the capacity, but a hard limit of 0 means "no
+cap" and leaves no finite number. Raising would stop the worker over a legal (if unwise)
+configuration, and 0 would silently run nothing, so we use the largest ``max_workers`` a queue
+generation accepts (10 000, as River's): the most one generation could ever run anyway.
 """
 
 
@@ -54,7 +55,7 @@ class GroupLimit:
 
 @attrs.frozen(slots=True)
 class CapacitySnapshot:
-    """The result of :func:`compute_capacity`; field names follow the Go snapshot.
+    """The result of :func:`compute_capacity`: the capacity and the figures it came from.
 
     Attributes:
         capacity: the global capacity after the hard limit; what registration splits.

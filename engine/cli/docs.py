@@ -4,8 +4,8 @@ Regenerate the file after changing a setting::
 
     python -m engine.cli.docs > docs/configuration.md
 
-``engine_tests/test_docs.py`` fails while the file differs from this output, so the reference
-cannot drift from :mod:`engine.config`.
+``engine_tests/test_docs.py`` fails while the file differs from this output, so the configuration
+reference cannot drift from :mod:`engine.config`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ CONFIGURATION_HEADER: Final = (
 
 
 def configuration_markdown() -> str:
-    """The full text of ``docs/configuration.md``: the header line, then the reference."""
+    """The full text of ``docs/configuration.md``: the header line, then the configuration
+    reference (:func:`~engine.config.config_reference_markdown`)."""
     return f"{CONFIGURATION_HEADER}\n\n{config_reference_markdown()}"
 
 

@@ -30,7 +30,7 @@ a "did you mean" hint. All problems from all sources are collected and raised as
 :data:`config_problems_exit_code`.
 
 Each field's ``metadata["doc"]`` is its user documentation (what it does in engine, its unit,
-where its default comes from); :func:`config_reference_markdown`
+and why its default is what it is where that matters); :func:`config_reference_markdown`
 (:mod:`engine.config.reference`) renders them into ``docs/configuration.md``.
 """
 

@@ -290,10 +290,10 @@ class Connection:
 
         Commit and rollback run shielded with a deadline: a cancellation arriving while we record
         what already happened must not leave the outcome unknown, and a dead server must not hang
-        shutdown. The rollback gets ``rollback_timeout`` seconds (the Go worker gives a failed
-        enqueue's rollback a fresh 5 s); if it does not finish in time the connection is
-        terminated, which ends the transaction on the server too, so it never goes back to a
-        pool with the transaction still open. Inside a transaction already open on this
+        shutdown. The rollback gets ``rollback_timeout`` seconds (a failed enqueue passes
+        ``worker.enqueue_rollback_timeout``, 5 s by default); if it does not finish in time the
+        connection is terminated, which ends the transaction on the server too, so it never goes
+        back to a pool with the transaction still open. Inside a transaction already open on this
         connection the block is a savepoint: its failure undoes only what it did.
         """
         if self.raw.is_in_transaction():

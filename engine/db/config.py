@@ -62,49 +62,46 @@ class DatabaseConfig:
     )
     tasks_url: str | None = setting(
         None,
-        "URL for the task-store pool (the reference's `store`: task rows and the enqueue "
-        "transaction); unset means `database.url`. Must reach the same database as "
-        "`database.queue_url`, since a task and its job are written in one transaction.",
+        "URL for the task-store pool (task rows and the enqueue transaction); unset means "
+        "`database.url`. Must reach the same database as `database.queue_url`, since a task "
+        "and its job are written in one transaction.",
         _postgres_url(optional=True),
     )
     coordination_url: str | None = setting(
         None,
-        "URL for the coordination pool (the reference's `coordinationStore`: capacity, worker "
-        "registry, recovery and admissions); unset means `database.url`. The reference allows a "
-        "different database; engine does not yet, and refuses at start a URL that reaches "
-        "another database than `database.tasks_url` (a different user or host name for the same "
-        "database is fine).",
+        "URL for the coordination pool (capacity, worker registry, recovery and admissions); "
+        "unset means `database.url`. For now it must reach the same database as "
+        "`database.tasks_url`: engine refuses at start a URL that reaches another database (a "
+        "different user or host name for the same database is fine).",
         _postgres_url(optional=True),
     )
     queue_url: str | None = setting(
         None,
-        "URL for the job-queue pool (the reference's `riverStore`: fetch, completion and "
-        "maintenance); unset means `database.url`. Must reach the same database as "
-        "`database.tasks_url`.",
+        "URL for the job-queue pool (fetch, completion and maintenance); unset means "
+        "`database.url`. Must reach the same database as `database.tasks_url`.",
         _postgres_url(optional=True),
     )
     pool_min_size: int = setting(
         1,
-        "Connections each pool opens at start and keeps open. Proposed default.",
+        "Connections each pool opens at start and keeps open.",
         integer(0),
     )
     pool_max_size: int = setting(
         10,
         "Most connections each pool holds at once; the load controller compares connections in "
-        "use with this. Proposed default.",
+        "use with this.",
         integer(1),
     )
     connect_attempts: int = setting(
         3,
         "How many times to try to reach an unreachable database server when opening the pools "
         "before giving up (every command that connects; the service does this once per "
-        "`worker.startup_attempts` attempt), after the reference's startup retry (3 attempts).",
+        "`worker.startup_attempts` attempt).",
         integer(1),
     )
     connect_retry_delay: float = setting(
         2.0,
-        "Seconds to wait between two attempts to reach the database server (reference: 2 s "
-        "between startup attempts).",
+        "Seconds to wait between two attempts to reach the database server.",
         number(ge=0),
     )
     migrate_on_start: bool = setting(

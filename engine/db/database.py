@@ -1,9 +1,9 @@
 """Pools for the three database roles: tasks, coordination and queue.
 
-The Go worker keeps three stores: tasks (the enqueue transaction
-runs there, so River's tables live in that database), coordination (capacity, registry, recovery,
-admissions) and queue (the pool River's driver uses). Their URLs default to one; roles that share
-a URL share one pool, so connection accounting (the load sampler sums distinct pools) stays right.
+There are three roles: tasks (the enqueue transaction runs there, so the job queue's River tables
+live in that database), coordination (capacity, registry, recovery, admissions) and queue (fetch,
+completion and the queue's maintenance). Their URLs default to one; roles that share a URL share
+one pool, so connection accounting (the load sampler sums distinct pools) stays right.
 
 The URLs may differ (other users, other settings, a proxy), but today they must reach one
 database: a task and its job are written in one transaction, and finishing a task releases its
@@ -87,9 +87,10 @@ async def open_database(
     :attr:`~engine.db.bridge.Pool.listen_dsn`. URLs are not read from ``settings``: they come
     resolved in ``urls`` (:mod:`engine.db.resolve`).
 
-    The Go worker retries start-up 3 times 2 s apart and then gives up loudly; so do we
-    (``database.connect_attempts``), and the service retries its whole start on top of that
-    (``worker.startup_attempts``, :func:`engine.service.root.serve`).
+    An unreachable server is tried ``database.connect_attempts`` times (3 by default,
+    ``database.connect_retry_delay`` apart) before this gives up loudly, and the service retries
+    its whole start on top of that (``worker.startup_attempts``,
+    :func:`engine.service.root.serve`).
 
     Raises:
         ConnectionLost: the server could not be reached after every attempt; the message names

@@ -1,13 +1,13 @@
 """Apply ``sql/migrations/`` in order, exactly once, even with many migrators at once.
 
 Every migrator takes one session advisory lock, reads what is applied, and applies the rest each
-in its own transaction, recording it in ``engine_migration``. River's own migrator takes no lock
-(so concurrent pods can race), which is why the Go worker retries start-up; ours does not
-need to.
+in its own transaction, recording it in ``engine_migration``. River's own migrator takes no lock,
+so pods migrating with it at once can race (the loser fails and must start again); with this
+one they do not.
 
 A migration whose first line is ``-- engine: skip_when_river_schema`` is recorded as skipped when
-River's own schema (line ``main``, version 6 or later) is already in the database, so a Go River
-service and engine share its tables as they are.
+River's own schema (line ``main``, version 6 or later) is already in the database, so a River
+application and engine share its tables as they are.
 
 With ``river_indexes`` the migrator then builds, concurrently, the three indexes of River's
 schema that engine leaves out (River's reindexer and River UI expect them); an index a failed

@@ -71,7 +71,8 @@ _IDENTITY_FIELDS = (
 
 @attrs.frozen
 class Identity:
-    """Who submitted a task: the fields the Go worker copies into its user."""
+    """Who submitted a task: the tenant, the user and the API key, kept on the task's row;
+    :meth:`auth_user` turns them into the user a provider acts as."""
 
     tenant_id: str
     user_id: str | None = None
@@ -85,7 +86,9 @@ class Identity:
     api_key_prefix: str | None = None
 
     def auth_user(self) -> dict[str, Any]:
-        """The user a provider acts as (the Go worker's ``authUserFromTask``)."""
+        """The user a provider acts as: the gateway user id if set, else the user id; role
+        ``user`` only when the user id is not blank; source ``gateway`` unless ``user_source`` says
+        otherwise; every other identity field as it is."""
         user_id = (self.user_id or "").strip()
         return {
             "id": self.gateway_user_id or self.user_id,

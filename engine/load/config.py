@@ -36,7 +36,7 @@ class LoadConfig:
     )
     sample_interval: float = setting(
         1.0,
-        "Seconds between two samples of CPU, memory and database-connection use. Proposed.",
+        "Seconds between two samples of CPU, memory and database-connection use.",
         number(gt=0),
     )
     heavy_limit: int = setting(
@@ -47,57 +47,55 @@ class LoadConfig:
     )
     cpu_elevated: float = setting(
         0.80,
-        "CPU use, as a fraction of the available CPU, at which pressure becomes elevated. "
-        "Proposed.",
+        "CPU use, as a fraction of the available CPU, at which pressure becomes elevated.",
         fraction(),
     )
     cpu_critical: float = setting(
         0.95,
-        "CPU use, as a fraction, at which pressure becomes critical. Proposed.",
+        "CPU use, as a fraction, at which pressure becomes critical.",
         fraction(),
     )
     memory_elevated: float = setting(
         0.75,
-        "Memory use, as a fraction of the cgroup limit, at which pressure becomes elevated. "
-        "Proposed.",
+        "Memory use, as a fraction of the cgroup limit, at which pressure becomes elevated.",
         fraction(),
     )
     memory_critical: float = setting(
         0.90,
-        "Memory use, as a fraction, at which pressure becomes critical. Proposed.",
+        "Memory use, as a fraction, at which pressure becomes critical.",
         fraction(),
     )
     db_connections_elevated: float = setting(
         0.70,
         "Database connections in use, as a fraction of the pools' maximum, at which pressure "
-        "becomes elevated. Proposed.",
+        "becomes elevated.",
         fraction(),
     )
     db_connections_critical: float = setting(
         0.90,
-        "Database connections in use, as a fraction, at which pressure becomes critical. Proposed.",
+        "Database connections in use, as a fraction, at which pressure becomes critical.",
         fraction(),
     )
     escalate_samples: int = setting(
         2,
-        "Consecutive samples above a threshold needed to raise the pressure state. Proposed.",
+        "Consecutive samples above a threshold needed to raise the pressure state.",
         integer(1),
     )
     recover_samples: int = setting(
         3,
-        "Consecutive samples below a threshold needed to lower the pressure state. Proposed.",
+        "Consecutive samples below a threshold needed to lower the pressure state.",
         integer(1),
     )
     retry_base: float = setting(
         0.25,
         "Seconds a refused run's job is snoozed at least; the snooze is `retry_base` plus "
-        "(hash of the task id mod `retry_spread_ms`) milliseconds (reference: 250 ms).",
+        "(hash of the task id mod `retry_spread_ms`) milliseconds.",
         number(ge=0),
     )
     retry_spread_ms: int = setting(
         501,
-        "Modulus, in milliseconds, of the per-task part of that snooze (reference: 501, giving "
-        "250 to 750 ms).",
+        "Modulus, in milliseconds, of the per-task part of that snooze; 501 with the default "
+        "base gives 250 to 750 ms, which spreads a burst of refused runs over half a second.",
         integer(1),
     )
 

@@ -368,7 +368,7 @@ class LoadLease:
 class LoadController:
     """The load controller; see the module docstring for the model.
 
-    Design decisions where the Go worker's controller leaves a choice:
+    How it decides:
 
     - **Escalation target**: after ``escalate_samples`` consecutive samples above the current
       level the state rises to the *lowest* level in that run (the level sustained by all of
@@ -378,7 +378,7 @@ class LoadController:
       claim limit: ``normal`` -> claim limit; ``elevated`` -> ``max(1, floor(active * 0.9))``;
       ``critical`` -> ``max(1, min(active - 1, floor(active * 0.9)))``. The ``min`` keeps
       critical at least as strict as elevated when more than 10 leases are active (for 10 or
-      fewer it equals the Go worker's ``active - 1``). Because the targets follow ``active``, a
+      fewer it equals ``active - 1``). Because the targets follow ``active``, a
       sustained pressure keeps shrinking the capacity sample by sample, down to 1.
     - **Hysteresis**: a lower target applies at once; a higher one is approached by at most
       +1 per sample, in every state (including the climb back after returning to normal).
@@ -578,7 +578,7 @@ class LoadController:
     # --- admission -------------------------------------------------------------------------
 
     def try_start(self) -> LoadLease | None:
-        """Admit one execution, or return ``None`` (the Go worker's ``TryStart``).
+        """Admit one execution, or return ``None`` (the task runner then snoozes the job).
 
         Admits iff ``active < safe_capacity`` (adaptive) or ``active < claim_limit`` (legacy,
         observe), a heavy slot is free for the initial ``preparing`` phase, and no lease is

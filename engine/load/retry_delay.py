@@ -3,8 +3,7 @@
 A refused job snoozes (no attempt consumed) for ``250 ms + (h(task_id) mod 501) ms``, so
 250-750 ms. The hash is deterministic per task, which spreads the retries of a burst of refused
 tasks over half a second instead of having them all come back at once. The base and the modulus
-are the settings ``load.retry_base`` and ``load.retry_spread_ms``, whose defaults are the
-reference's.
+are the settings ``load.retry_base`` and ``load.retry_spread_ms``; these are their defaults.
 """
 
 from __future__ import annotations
@@ -12,9 +11,10 @@ from __future__ import annotations
 __all__ = ["DEFAULT_RETRY_BASE", "DEFAULT_RETRY_SPREAD_MS", "worker_load_retry_delay"]
 
 DEFAULT_RETRY_BASE = 0.25
-"""The Go worker's least snooze, in seconds."""
+"""The least snooze, in seconds (``load.retry_base``)."""
 DEFAULT_RETRY_SPREAD_MS = 501
-"""The reference's modulus, in milliseconds: ``h mod 501`` gives 0..500 ms on top of the base."""
+"""The modulus, in milliseconds (``load.retry_spread_ms``): ``h mod 501`` gives 0..500 ms on top
+of the base."""
 _UINT32 = 2**32
 
 
@@ -27,7 +27,7 @@ def worker_load_retry_delay(
     """Return the snooze delay in seconds for a job refused by the load controller.
 
     ``h = 0`` (uint32); for each UTF-8 *byte* ``b`` of ``task_id``: ``h = h * 33 + b`` modulo
-    ``2**32`` (Go's uint32 wrap-around); the delay is ``base + (h % spread_ms) / 1000`` seconds,
+    ``2**32`` (a uint32 that wraps around); the delay is ``base + (h % spread_ms) / 1000`` seconds,
     by default ``0.250 + (h % 501) / 1000``.
 
     Vectors (defaults): ``""`` -> 0.250, ``"a"`` -> 0.347, ``"task-1"`` -> 0.598,
@@ -43,5 +43,5 @@ def worker_load_retry_delay(
     h = 0
     for byte in task_id.encode("utf-8"):
         h = (h * 33 + byte) % _UINT32
-    # Whole milliseconds, as in Go (time.Duration of ms); divide once so 0.347 prints as 0.347.
+    # Whole milliseconds; divide once so 0.347 prints as 0.347.
     return (base * 1000 + h % spread_ms) / 1000

@@ -1,8 +1,8 @@
 """Resource sampling for the load controller: CPU, memory and pool use, read every period.
 
 :class:`ProcessSampler` reads CPU and memory use of this process (and of its cgroup) from
-``/proc`` and the cgroup filesystem, with no third-party dependency; the database figures are
-passed in, as in the reference (``Sampler.Sample(databaseConnections, databaseMax)``).
+``/proc`` and the cgroup filesystem, with no third-party dependency; the database figures
+(connections in use, the pools' maximum) are passed in by the caller, who owns the pools.
 :class:`LoadSamplerService` samples on a period, feeds :meth:`LoadController.observe` and hands
 each snapshot to an optional callback (the metrics).
 
@@ -420,7 +420,7 @@ def _page_size() -> int | None:
 class LoadSamplerService:
     """Samples resources every ``interval`` seconds and feeds the load controller.
 
-    :meth:`sample_now` is the reference's ``sampleWorkerLoad``: database figures from
+    :meth:`sample_now` takes one sample: database figures from
     ``connections`` (usually ``lambda: db_usage(database)``), one :meth:`Sampler.sample`,
     :meth:`LoadController.observe`. :meth:`run` calls it on a steady period and keeps
     :attr:`latest` for readers such as registration and the metrics.

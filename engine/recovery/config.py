@@ -16,25 +16,23 @@ class RecoveryConfig:
 
     interval: float = setting(
         15.0,
-        "Seconds between recovery rounds; the first runs at start (reference: 15 s).",
+        "Seconds between recovery rounds; the first runs at start.",
         number(gt=0),
     )
     stale_after: float = setting(
         45.0,
         "Seconds without a heartbeat after which a worker counts as dead and its running jobs "
-        "are recovered (reference: 45 s). Must exceed twice "
-        "`worker.refresh_interval`.",
+        "are recovered. Must exceed twice `worker.refresh_interval`.",
         number(gt=0),
     )
     batch_size: int = setting(
         100,
         "Most rows each step of a recovery round handles: interrupted tasks of dead workers, "
-        "admissions given back, orphaned jobs (reference: 100).",
+        "admissions given back, orphaned jobs.",
         integer(1),
     )
     recoverable_task_limit: int = setting(
         1000,
-        "Most queued tasks without a live job given a new job per recovery round (reference: "
-        "1000).",
+        "Most queued tasks without a live job given a new job per recovery round.",
         integer(1),
     )

@@ -18,7 +18,7 @@ class TasksConfig:
 
     max_payload_bytes: int = setting(
         1_000_000,
-        "Largest accepted task payload, in bytes of its JSON encoding. Proposed default.",
+        "Largest accepted task payload, in bytes of its JSON encoding.",
         integer(1),
     )
     max_field_length: int = setting(
@@ -37,13 +37,14 @@ class TasksConfig:
     lease_ttl: float = setting(
         60.0,
         "Seconds an execution lease on a task lasts without renewal; a run whose lease lapsed "
-        "may be taken over. Proposed default.",
+        "may be taken over.",
         number(gt=0),
     )
     lease_renew_interval: float = setting(
         20.0,
-        "Seconds between renewals of a running task's lease; at most half of `lease_ttl`. "
-        "Proposed default.",
+        "Seconds between renewals of a running task's lease; at most half of `lease_ttl`. The "
+        "defaults renew three times per `lease_ttl`, so two renewals in a row may fail before "
+        "the lease lapses.",
         number(gt=0),
     )
     demo_catalogue: bool = setting(

@@ -1,14 +1,15 @@
 """The job that runs a task: its args, its insert options, giving tasks jobs, and which
 instances may claim them.
 
-A task's job carries ``{"task_id": "<uuid>"}``, unique by ``task_id`` over the live states, the
-same args and unique key as the Go worker's River jobs. A live task's job also carries its model
-(``{"task_id": …, "model": "echo"}``), so that only an instance with a provider for that model
-claims it (:func:`model_claim_filter`, the producer's args filter). ``model`` is not part of the
-unique key: a job inserted by a Go River client with ``{"task_id"}`` only collides with ours for
-the same task. A simulation task runs on the simulated provider that every engine has, so its
-job carries no model and any instance may claim it; so may a job inserted without one (by the Go
-worker, or by an engine from before model routing).
+A task's job carries ``{"task_id": "<uuid>"}``, unique by ``task_id`` over the live states, so
+a River client (in Go) that inserts task jobs with those args dedupes against engine's. A live
+task's job also carries its model (``{"task_id": …, "model": "echo"}``), so that only an
+instance with a provider for that model claims it (:func:`model_claim_filter`, the producer's
+args filter). ``model`` is not part of the unique key: a job inserted by a River client with
+``{"task_id"}`` only collides with ours for the same task. A simulation task runs on the
+simulated provider that every engine has, so its job carries no model and any instance may claim
+it; so may a job inserted without one (by a River client, or by an engine from before model
+routing).
 
 Every path that gives tasks jobs (submission, admission, recovery's re-enqueue, an operator's
 retry or resubmission) describes each as a :class:`TaskJob` and inserts them here, all of them
@@ -85,15 +86,15 @@ converter.register_unstructure_hook(
 )
 
 
-# Unique by task_id alone, as the Go worker's jobs: the model in a live task's args routes the
-# job and must not change its key (a Go client inserting {"task_id"} dedupes against ours).
+# Unique by task_id alone (within the queue): the model in a live task's args routes the job and
+# must not change its key (a River client inserting {"task_id"} dedupes against ours).
 _GATEWAY_UNIQUE = UniqueOpts(by_args=("task_id",), by_queue=True, by_state=GATEWAY_UNIQUE_STATES)
 _SET_JOB = QUERIES["task_set_job_many"]
 
 
 def task_insert_opts(config: QueueConfig, run_at: datetime | None = None) -> InsertOpts:
     """The job options of a task: unique by task id over the live states; scheduled only
-    when it is due later (as the Go worker's ``asyncTaskRecoveryInsertOpts``)."""
+    when it is due later (a ``run_at`` already past inserts an available job)."""
     scheduled = run_at if run_at is not None and run_at > datetime.now(UTC) else None
     return InsertOpts(
         queue=config.name,

@@ -46,8 +46,9 @@ CREATE TABLE engine_task (
     execution_token uuid,
     execution_owner text,
     lease_expires_at timestamptz,
-    -- Set before the upstream call, so a crash after it is always detectable; the reference
-    -- comes right after the call returns. submitted_at without upstream_ref = ambiguous.
+    -- Set before the upstream call, so a crash after it is always detectable; the upstream
+    -- reference comes right after the call returns. submitted_at without upstream_ref = the
+    -- call's outcome is unknown (ambiguous unless it carried an idempotency key, 0015).
     submitted_at timestamptz,
     upstream_ref text,
     attempts integer NOT NULL DEFAULT 0,
