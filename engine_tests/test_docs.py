@@ -2,7 +2,8 @@
 
 - ``docs/configuration.md`` is exactly what ``python -m engine.cli.docs`` prints, and names every
   setting and its environment variable;
-- the README's library example runs, against a real database, and prints what it promises;
+- the README's library example and docs/queue.md's queue program run, against a real database,
+  and print what they promise;
 - the README lists every command of ``python -m engine``;
 - relative links in the README and ``docs/`` point at files (and headings) that exist.
 """
@@ -13,9 +14,11 @@ import argparse
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import trio
 
 from engine.cli.docs import configuration_markdown
 from engine.cli.main import build_parser
@@ -64,28 +67,60 @@ def test_docs_module_prints_the_configuration_reference() -> None:
     assert out.decode("utf-8") == configuration_markdown()
 
 
+def _block(page: Path, heading: str, language: str = "python") -> str:
+    """The first ``language`` code block under ``heading`` (a whole heading line) of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    assert f"\n{heading}\n" in text, f"{page.name} has no heading {heading!r}"
+    section = text.split(f"\n{heading}\n", 1)[1]
+    match = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
+    assert match is not None, f"{page.name}, {heading!r}: no {language} block"
+    return match.group(1)
+
+
 def _readme_example() -> str:
     """The first Python block under the README's "Using it as a library"."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Using it as a library", 1)[1]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the README's library section has no python example"
-    return match.group(1)
+    return _block(README, "## Using it as a library")
+
+
+def _without_trio_run(source: str, page: str) -> str:
+    """The example without its last line, ``trio.run(main)``: the test is inside trio already,
+    so it awaits ``main`` itself."""
+    body, sep, _ = source.rpartition("trio.run(main)")
+    assert sep, f"the {page} example should end with trio.run(main)"
+    return body
 
 
 async def test_readme_library_example_runs(
     db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source = _readme_example()
-    # The example ends with trio.run(main); we are inside trio already, so await main instead.
-    body, sep, _ = source.rpartition("trio.run(main)")
-    assert sep, "the README example should end with trio.run(main)"
+    body = _without_trio_run(_readme_example(), "README")
     monkeypatch.delenv("ENGINE_CONFIG", raising=False)
     monkeypatch.setenv("ENGINE_DATABASE_URL", db_url)
     namespace: dict[str, object] = {"__name__": "readme_example"}
     exec(compile(body, "README.md", "exec"), namespace)
     await namespace["main"]()  # type: ignore[operator]
     assert capsys.readouterr().out == "succeeded {'echo': 'hello'}\n"
+
+
+async def test_queue_example_runs_and_prints_what_the_page_says(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/queue.md's program, as it stands on the page, against this test's database: it
+    prints the page's "It prints" block, so its four jobs ran and their rows read completed."""
+    page = ROOT / "docs" / "queue.md"
+    heading = "## The queue on its own"
+    body = _without_trio_run(_block(page, heading), "docs/queue.md")
+    printed = _block(page, heading, "text")
+    monkeypatch.delenv("ENGINE_CONFIG", raising=False)
+    monkeypatch.setenv("ENGINE_DATABASE_URL", db_url)
+    # A module of its own, as the program's __main__ is: attrs and cattrs look its names up
+    # there. dont_inherit: this file's `from __future__ import annotations` is not the page's.
+    module = types.ModuleType("queue_example")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(body, "docs/queue.md", "exec", dont_inherit=True), module.__dict__)
+    with trio.fail_after(60):
+        await module.main()
+    assert capsys.readouterr().out == printed
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[str]:

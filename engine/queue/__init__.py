@@ -15,18 +15,54 @@ Job states (see docs/queue.md)::
 
 Invariants: a job row leaves ``running`` only through a guarded write (``state = 'running'``);
 a claimed job is always either worked or left running for orphan recovery, never dropped.
+
+Used on its own (docs/queue.md, "The queue on its own")::
+
+    async with engine.queue.open(config, workers=workers) as queue:
+        await queue.insert(SendEmail(to="ada@example.com"))
+        await queue.wait_drained()
+
+:func:`open` opens the database of an :class:`~engine.config.EngineConfig` (``database.url``
+or the embedded server), migrates it, and runs the client's services and one generation;
+:func:`open_queue` does the same on pools the caller owns (:func:`engine.db.open_database`).
 """
 
+from engine.errors import JobError as JobError
 from engine.queue.client import QueueClient as QueueClient
 from engine.queue.client import make_instance_id as make_instance_id
+from engine.queue.client import open as open
 from engine.queue.client import open_queue as open_queue
 from engine.queue.generation import Generation as Generation
+from engine.queue.job import InsertManyParams as InsertManyParams
 from engine.queue.job import InsertOpts as InsertOpts
 from engine.queue.job import InsertResult as InsertResult
 from engine.queue.job import Job as Job
+from engine.queue.job import JobArgs as JobArgs
 from engine.queue.job import JobCancel as JobCancel
 from engine.queue.job import JobSnooze as JobSnooze
 from engine.queue.slots import SlotPool as SlotPool
 from engine.queue.states import JobState as JobState
 from engine.queue.unique import UniqueOpts as UniqueOpts
+from engine.queue.workers import Worker as Worker
 from engine.queue.workers import Workers as Workers
+
+__all__ = [
+    "Generation",
+    "InsertManyParams",
+    "InsertOpts",
+    "InsertResult",
+    "Job",
+    "JobArgs",
+    "JobCancel",
+    "JobError",
+    "JobSnooze",
+    "JobState",
+    "QueueClient",
+    "SlotPool",
+    "UniqueOpts",
+    "Worker",
+    "Workers",
+    "make_instance_id",
+    "open",
+    "open_queue",
+]

@@ -9,10 +9,12 @@ the process executes jobs, the leader elector with its maintenance
 whoever sizes them runs them in its own nursery (the service's capacity source,
 ``engine.capacity``).
 
-:func:`open_queue` is the queue on its own, as River's client is: the three services and a
-nursery for generations started with :meth:`QueueClient.start_generation`. Leaving the block
-stops every generation (drain up to ``stop_timeout``, then cancel), and only then lets the
-completer make its last flush::
+:func:`open` is the queue on its own, as River's client is: from the app's settings it opens
+the database (``database.url`` or the embedded server, migrated), and runs :func:`open_queue` on
+it with one generation. :func:`open_queue` takes pools the caller owns: the three services and
+a nursery for generations started with :meth:`QueueClient.start_generation`. Leaving the block
+stops every generation (drain up to ``stop_timeout``, ``queue.shutdown_drain_timeout`` by
+default, then cancel), and only then lets the completer make its last flush::
 
     services nursery
     ├── completer          shielded; ends when every generation's channel clone is closed
@@ -21,6 +23,9 @@ completer make its last flush::
     └── generations nursery
         ├── generation 1   fetch scope ⊂ work scope
         └── generation 2
+
+:meth:`QueueClient.wait_drained` waits until a queue has nothing left to do now, by its rows
+(docs/queue.md, "Waiting until a queue is drained").
 """
 
 from __future__ import annotations
@@ -33,22 +38,32 @@ import socket
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from engine.db.bridge import Connection
+from engine.db.bridge import Connection, asyncio_loop
 from engine.db.channels import RiverChannels, river_channels
-from engine.db.database import Database
+from engine.db.database import Database, open_database
 from engine.db.listen import ListenHub
+from engine.db.resolve import migrate_databases, open_urls
 from engine.db.sqlfiles import QUERIES
+from engine.errors import leaves
 from engine.queue.completer import Completer, CompleterConfig
 from engine.queue.config import QueueConfig
 from engine.queue.elector import Elector, ElectorConfig
 from engine.queue.generation import Generation, GenerationConfig
-from engine.queue.insert import InsertParams, insert, insert_many, insert_tx, prepare
+from engine.queue.insert import (
+    InsertManyItem,
+    InsertParams,
+    insert,
+    insert_many,
+    insert_tx,
+    prepare,
+    prepare_many,
+)
 from engine.queue.job import InsertOpts, InsertResult, Job
 from engine.queue.maintenance import CleanerConfig, JobCleaner, JobScheduler, SchedulerConfig
 from engine.queue.notifier import Notifier, notify_queues
@@ -57,7 +72,11 @@ from engine.queue.slots import SlotPool
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
 
-__all__ = ["QueueClient", "make_instance_id", "make_queue_client", "open_queue"]
+if TYPE_CHECKING:
+    # Only for annotations: the settings compose every section, this one's included.
+    from engine.config import EngineConfig
+
+__all__ = ["QueueClient", "make_instance_id", "make_queue_client", "open", "open_queue"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +87,12 @@ _RETRY = QUERIES["job_retry"]
 _PAUSE = QUERIES["queue_pause"]
 _RESUME = QUERIES["queue_resume"]
 _COUNTS = QUERIES["job_count_by_state"]
+_HAS_WORK = QUERIES["job_queue_has_work"]
 _NOTIFY = "SELECT pg_notify($1, $2)"
+
+#: Seconds the jobs a stop cancelled get to record their outcome, on top of the drain, before
+#: the stop gives up waiting on them (each outcome is written shielded, with its own deadline).
+_CANCEL_GRACE = 5.0
 
 
 def make_instance_id() -> str:
@@ -114,6 +138,9 @@ class QueueClient:
         self._completer_scope = trio.CancelScope(shield=True)
 
     # ---- inserting -------------------------------------------------------------------------
+    # Every insert takes the same args: an attrs instance whose class names its ``kind``, or a
+    # mapping with ``kind=``. Bulk inserts take each job as args, ``(args, opts)``, or
+    # InsertManyParams (which can carry a kind, so mappings go in that way).
 
     async def insert(
         self, args: Any, opts: InsertOpts | None = None, *, kind: str | None = None
@@ -123,6 +150,10 @@ class QueueClient:
         ``args`` is an attrs instance whose class names its ``kind``, or a mapping with
         ``kind=`` given. Without ``opts.max_attempts`` the job gets
         ``queue.default_max_attempts``.
+
+        Raises:
+            JobError: no kind (a mapping without ``kind=``), unencodable args, bad unique
+                options; nothing was stored.
         """
         return await insert(self.db.queue, self._prepare(args, opts, kind), self.channels.insert)
 
@@ -134,27 +165,39 @@ class QueueClient:
         *,
         kind: str | None = None,
     ) -> InsertResult:
-        """Insert inside the caller's transaction on ``conn``: visible at commit, gone on
-        rollback."""
+        """:meth:`insert` inside the caller's transaction on ``conn``: visible at commit, gone
+        on rollback (River's ``InsertTx``)."""
         (result,) = await insert_tx(conn, [self._prepare(args, opts, kind)], self.channels.insert)
         return result
 
-    async def insert_many(
-        self, items: Sequence[Any | tuple[Any, InsertOpts | None]]
+    async def insert_many(self, items: Sequence[InsertManyItem]) -> list[InsertResult]:
+        """Insert many jobs in one transaction, one result per item in order (River's
+        ``InsertMany``).
+
+        Each item is args (an attrs instance whose class names its kind), an ``(args, opts)``
+        pair, or :class:`~engine.queue.job.InsertManyParams` ``(args, opts, kind=...)``, the
+        form for mapping args.
+
+        Raises:
+            JobError: an item is refused (a mapping without a kind, among others); the message
+                names its index, and nothing was stored.
+        """
+        return await insert_many(self.db.queue, self._prepare_many(items), self.channels.insert)
+
+    async def insert_many_tx(
+        self, conn: Connection, items: Sequence[InsertManyItem]
     ) -> list[InsertResult]:
-        """Insert many jobs in one transaction; each item is args or ``(args, opts)``."""
-        params: list[InsertParams] = []
-        for item in items:
-            if isinstance(item, tuple):
-                params.append(self._prepare(item[0], item[1]))
-            else:
-                params.append(self._prepare(item))
-        return await insert_many(self.db.queue, params, self.channels.insert)
+        """:meth:`insert_many` inside the caller's transaction on ``conn``: visible at commit,
+        gone on rollback (River's ``InsertManyTx``)."""
+        return await insert_tx(conn, self._prepare_many(items), self.channels.insert)
 
     def _prepare(
         self, args: Any, opts: InsertOpts | None = None, kind: str | None = None
     ) -> InsertParams:
         return prepare(args, opts, kind=kind, default_max_attempts=self.config.default_max_attempts)
+
+    def _prepare_many(self, items: Sequence[InsertManyItem]) -> list[InsertParams]:
+        return prepare_many(items, default_max_attempts=self.config.default_max_attempts)
 
     # ---- reading and control ---------------------------------------------------------------
 
@@ -176,6 +219,58 @@ class QueueClient:
         for row in await self.db.queue.fetch(_COUNTS):
             out.setdefault(row["queue"], {})[row["state"]] = int(row["n"])
         return out
+
+    async def has_work(self, queue: str = "default") -> bool:
+        """Whether ``queue`` has work now, by its rows: a job ``available`` or ``running``, or
+        ``scheduled`` / ``retryable`` and due. See :meth:`wait_drained`."""
+        return bool(await self.db.queue.fetchval(_HAS_WORK, queue))
+
+    def holding(self, queue: str) -> int:
+        """Jobs of ``queue`` this client's generations hold now: running, or reserved by a
+        claim in flight."""
+        return sum(
+            producer.running
+            for generation in self.generations
+            for producer in generation.producers
+            if producer.config.queue == queue
+        )
+
+    async def wait_drained(self, queue: str = "default", *, poll_interval: float = 0.01) -> None:
+        """Return once ``queue`` is drained: no job of it is ``available`` or ``running``, and
+        none is ``scheduled`` or ``retryable`` and due.
+
+        The queue's rows decide, whoever inserted or works its jobs, and a job counts as
+        running until its outcome is written, so once this returns every outcome this
+        client's generations recorded for the queue is in the database. Jobs that wait for
+        later (scheduled for later, a snooze of more than 5 s, a retry due later) and
+        ``pending`` jobs do not count: drained means nothing left to do now. A job inserted
+        in a transaction that has not committed is not seen; a paused queue with available
+        jobs stays undrained until it is resumed. There is no timeout: wrap the call in
+        ``trio.fail_after``.
+
+        While this client's generations hold jobs of the queue it looks again every
+        ``poll_interval`` seconds without asking the database; otherwise it asks the database,
+        less and less often while the work is elsewhere (other processes, a due job waiting
+        for the leader's scheduler), down to once every ``queue.fetch_poll_interval``.
+        """
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be > 0 seconds")
+        longest = max(poll_interval, self.config.fetch_poll_interval)
+        delay = poll_interval
+        # Until then this client's last outcomes may still be on their way to the database
+        # (the completer writes within a tick): keep looking at the short interval.
+        writing_until = -math.inf
+        while True:
+            if self.holding(queue):
+                writing_until = trio.current_time() + 2 * self.config.completer_tick
+                delay = poll_interval
+            elif not await self.has_work(queue):
+                return
+            elif trio.current_time() < writing_until:
+                delay = poll_interval
+            else:
+                delay = min(delay * 2, longest)
+            await trio.sleep(delay)
 
     async def cancel(self, job_id: int, now: datetime | None = None) -> Job | None:
         """Cancel a job: at once unless it is running; a running job's process is told to
@@ -376,15 +471,19 @@ async def open_queue(
     *,
     workers: Workers | None = None,
     instance_id: str | None = None,
-    stop_timeout: float = 10.0,
+    stop_timeout: float | None = None,
     slots: SlotPool | None = None,
 ) -> AsyncIterator[QueueClient]:
-    """Open a queue client on its own; with ``workers`` it can execute jobs and campaigns for
-    leadership.
+    """Open a queue client on the pools of ``db``, which the caller owns (migrated already);
+    with ``workers`` it can execute jobs and campaigns for leadership. :func:`open` opens the
+    database as well.
 
-    Leaving the block drains generations for up to ``stop_timeout`` seconds, cancels the rest
-    (each records its outcome), and flushes every completion before returning.
+    Leaving the block drains generations for up to ``stop_timeout`` seconds
+    (None: ``queue.shutdown_drain_timeout``), cancels the rest (each records its outcome: back
+    to ``available``, attempt restored), and flushes every completion before returning.
     """
+    if stop_timeout is None:
+        stop_timeout = config.shutdown_drain_timeout
     client = await make_queue_client(
         db, config, workers=workers, instance_id=instance_id, slots=slots
     )
@@ -400,9 +499,68 @@ async def open_queue(
                     yield client
                 finally:
                     with trio.CancelScope(shield=True):
-                        with trio.move_on_after(stop_timeout + 5.0):
+                        with trio.move_on_after(stop_timeout + _CANCEL_GRACE):
                             await client.stop_all(stop_timeout)
                 client._nursery = None
         finally:
             await client.close_completer()
             services.cancel_scope.cancel(reason="queue client closed")
+
+
+@asynccontextmanager
+async def open(
+    config: EngineConfig,
+    *,
+    workers: Workers | None = None,
+    queues: Mapping[str, int] | None = None,
+    instance_id: str | None = None,
+) -> AsyncIterator[QueueClient]:
+    """The queue on its own, as River's client is, on the database of ``config`` (the app's
+    :class:`~engine.config.EngineConfig`, e.g. ``engine.load_config()``); yields the client.
+
+    It finds the database as the service does: ``database.url`` (and the role URLs), or the
+    embedded server in ``data_dir`` (started if needed, the database created if missing),
+    opens the pools with the ``[database]`` settings, and applies pending migrations when
+    ``database.migrate_on_start``. It runs the completer and the notifier and, with
+    ``workers``, the leader elector (scheduler and cleaner while it leads) and one generation
+    working ``queues`` (queue name → most jobs at once; None: ``{"default":
+    queue.max_workers}``; ``{}``: none yet, start them with
+    :meth:`QueueClient.start_generation`). Without ``workers`` the client only inserts and
+    controls jobs.
+
+    Leaving the block stops fetching, gives running jobs ``queue.shutdown_drain_timeout``
+    seconds to finish, cancels the rest (back to ``available``, attempt restored), writes
+    every outcome, then closes the pools and releases the embedded server. An exception
+    raised in the block leaves it as itself (not in an exception group) when it is the only
+    one.
+
+    Raises:
+        ValueError: ``queues`` without ``workers``.
+        ConnectionLost: the database could not be reached (``database.connect_attempts``).
+        EmbeddedPostgresError: the embedded server could not be started.
+        MigrationError: a migration failed.
+    """
+    if workers is None and queues:
+        raise ValueError("queues= needs workers= to work them")
+    try:
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(asyncio_loop())
+            urls = await stack.enter_async_context(open_urls(config.database, config.data_dir))
+            db = await stack.enter_async_context(
+                open_database(urls, config.database, application_name="engine-queue")
+            )
+            if config.database.migrate_on_start:
+                await migrate_databases(db, river_indexes=config.queue.river_indexes)
+            client = await stack.enter_async_context(
+                open_queue(db, config.queue, workers=workers, instance_id=instance_id)
+            )
+            if workers is not None:
+                sizes = {"default": config.queue.max_workers} if queues is None else queues
+                if sizes:
+                    await client.start_generation(sizes)
+            yield client
+    except BaseExceptionGroup as group:
+        found = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+        if len(found) == 1:
+            raise found[0] from found[0].__cause__
+        raise

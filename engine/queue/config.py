@@ -182,6 +182,22 @@ class QueueConfig:
         "`insert_max_attempts`.",
         integer(1, 32767),
     )
+    max_workers: int = setting(
+        100,
+        "Jobs a queue opened on its own (`engine.queue.open`, docs/queue.md) runs at once from "
+        "its `default` queue when it is given workers and no queues of its own, 1 to 10,000 "
+        "(the most one generation runs; River's `MaxWorkers`). The service does not read it: "
+        "its capacity comes from the `[worker]` section.",
+        integer(1, 10_000),
+    )
+    shutdown_drain_timeout: float = setting(
+        10.0,
+        "Seconds the running jobs of a queue opened on its own (`engine.queue.open`, "
+        "docs/queue.md) get to finish when its block ends; then they are cancelled and go back "
+        "to `available` at once, their attempt restored. 0 cancels them at once. The service "
+        "does not read it: its shutdown takes `worker.shutdown_drain_timeout`.",
+        number(ge=0),
+    )
 
     river_indexes: bool = setting(
         False,

@@ -25,12 +25,15 @@ import attrs
 
 from engine.db.bridge import Connection, Pool
 from engine.db.sqlfiles import QUERIES
+from engine.errors import JobError
 from engine.queue.job import (
+    InsertManyParams,
     InsertOpts,
     InsertResult,
     Job,
     args_kind,
     args_to_dict,
+    check_kind,
     unique_arg_names,
 )
 from engine.queue.notifier import insert_payload
@@ -39,16 +42,23 @@ from engine.queue.unique import unique_key
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "InsertManyItem",
     "InsertParams",
     "insert",
     "insert_many",
     "insert_tx",
     "prepare",
+    "prepare_many",
 ]
 
 #: Attempts of a job inserted without its own ``max_attempts`` and without a client default
 #: (River's ``MaxAttempts`` default).
 DEFAULT_MAX_ATTEMPTS = 25
+
+#: One item of a bulk insert: args (an attrs instance whose class names its kind), an
+#: ``(args, opts)`` pair, or an :class:`~engine.queue.job.InsertManyParams` (the form that can
+#: carry a kind, so the one for mapping args).
+InsertManyItem = Any | tuple[Any, InsertOpts | None] | InsertManyParams
 
 _INSERT_MANY = QUERIES["job_insert_many"]
 #: Rows per statement: large enough to amortise the round trip, small enough to stay well under
@@ -90,10 +100,11 @@ def prepare(
             client passes ``queue.default_max_attempts``).
 
     Raises:
-        JobError: no kind, unencodable args, bad unique options.
+        JobError: no kind (mapping args without ``kind``, or a class without one),
+            unencodable args, bad unique options.
     """
     opts = opts or InsertOpts()
-    kind = kind or args_kind(args)
+    kind = args_kind(args) if kind is None else check_kind(kind)
     values = args_to_dict(args)
     state = JobState.AVAILABLE
     if opts.pending:
@@ -124,6 +135,44 @@ def prepare(
         unique_key=key,
         unique_states=states,
     )
+
+
+def prepare_many(
+    items: Sequence[InsertManyItem], *, default_max_attempts: int = DEFAULT_MAX_ATTEMPTS
+) -> list[InsertParams]:
+    """:func:`prepare` each item of a bulk insert (see :data:`InsertManyItem`), checking them
+    all before anything is stored.
+
+    Raises:
+        JobError: an item is not one of the three forms, a mapping comes without a kind, or
+            :func:`prepare` refused it; the message names the item's index.
+    """
+    out: list[InsertParams] = []
+    for index, item in enumerate(items):
+        kind: str | None = None
+        opts: InsertOpts | None = None
+        if isinstance(item, InsertManyParams):
+            args, opts, kind = item.args, item.opts, item.kind
+        elif isinstance(item, tuple):
+            if len(item) != 2 or not (item[1] is None or isinstance(item[1], InsertOpts)):
+                raise JobError(
+                    f"insert_many item {index}: a tuple must be (args, InsertOpts or None); "
+                    "use InsertManyParams(args, opts, kind=...) for anything else"
+                )
+            args, opts = item
+        else:
+            args = item
+        if kind is None and isinstance(args, Mapping):
+            raise JobError(
+                f"insert_many item {index}: job args given as a mapping have no kind: pass "
+                "InsertManyParams(args, opts, kind=...) for it, or use an attrs class with a "
+                "ClassVar[str] kind"
+            )
+        try:
+            out.append(prepare(args, opts, kind=kind, default_max_attempts=default_max_attempts))
+        except JobError as exc:
+            raise JobError(f"insert_many item {index}: {exc}") from exc
+    return out
 
 
 def _dumps(value: Any) -> str:

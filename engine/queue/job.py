@@ -21,6 +21,7 @@ from engine.queue.states import JobState
 from engine.queue.unique import UniqueOpts
 
 __all__ = [
+    "InsertManyParams",
     "InsertOpts",
     "InsertResult",
     "Job",
@@ -111,6 +112,24 @@ class InsertOpts:
 
 
 @attrs.frozen
+class InsertManyParams:
+    """One job of an ``insert_many`` call (River's ``InsertManyParams``): its args, its insert
+    options and, when ``args`` is a mapping, its kind.
+
+    ``insert_many`` also takes bare args and ``(args, opts)`` pairs; this form is the one that
+    can carry a kind, so it is how a mapping of args goes into a bulk insert.
+    """
+
+    args: Any
+    """An attrs instance whose class names its ``kind``, or a mapping (then ``kind`` is
+    required)."""
+    opts: InsertOpts | None = None
+    """How to insert it; None takes River's defaults (and the client's ``max_attempts``)."""
+    kind: str | None = attrs.field(default=None, kw_only=True)
+    """The job kind; required for mapping args, and it overrides an args class's ``kind``."""
+
+
+@attrs.frozen
 class Job:
     """One ``river_job`` row."""
 
@@ -166,13 +185,28 @@ class InsertResult:
 
 def args_kind(args: Any) -> str:
     """The kind of an args instance, with a clear error for a class that names none."""
+    if isinstance(args, Mapping):
+        raise JobError(
+            "job args given as a mapping have no kind: pass kind=... with them, or use an "
+            "attrs class with a ClassVar[str] kind"
+        )
     kind = getattr(type(args), "kind", None)
     if not isinstance(kind, str) or not kind:
         raise JobError(
             f"{type(args).__name__} has no 'kind': give job args classes a ClassVar[str] kind"
         )
-    if not 0 < len(kind) < 128:
-        raise JobError(f"job kind must be 1..127 characters, got {len(kind)}")
+    return check_kind(kind)
+
+
+def check_kind(kind: object) -> str:
+    """``kind`` if River accepts it as a job kind (1 to 127 characters).
+
+    Raises:
+        JobError: it is not a string of 1 to 127 characters.
+    """
+    if not isinstance(kind, str) or not 0 < len(kind) < 128:
+        size = len(kind) if isinstance(kind, str) else type(kind).__name__
+        raise JobError(f"job kind must be a string of 1..127 characters, got {size}")
     return kind
 
 

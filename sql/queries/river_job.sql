@@ -163,6 +163,18 @@ LIMIT $3;
 -- Job counts per queue and state, for status and metrics.
 SELECT queue, state::text AS state, count(*) AS n FROM river_job GROUP BY queue, state;
 
+-- name: job_queue_has_work
+-- Whether queue $1 has work now: a job available or running, or scheduled or retryable and
+-- due (the leader's scheduler makes it available). Pending jobs and jobs due later do not count.
+SELECT EXISTS (
+    SELECT 1 FROM river_job
+    WHERE queue = $1
+      AND (
+          state IN ('available', 'running')
+          OR (state IN ('scheduled', 'retryable') AND scheduled_at <= now())
+      )
+);
+
 -- name: job_cancel
 -- Cancel a job: a job not yet running is cancelled at once; a running job is marked with
 -- cancel_attempted_at so its outcome becomes cancelled, and the caller notifies its process.
