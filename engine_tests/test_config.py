@@ -42,7 +42,7 @@ def write_toml(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_are_the_reference_constants() -> None:
     config = EngineConfig()
-    # the Go worker's (the gateway's) constants
+    # the gateway's constants
     assert config.queue.name == "gateway_tasks"
     assert config.queue.job_kind == "gateway_task_run"
     assert config.recovery.interval == 15.0

@@ -15,7 +15,7 @@ changes: NOTIFY on ``engine_catalog``):
 At shutdown (or when the refresher itself crashes) it marks the instance draining, so the others
 take its share at once, and closes the room by the shutdown policy (drain, then requeue).
 
-Outcomes are counted as the reference does: ``refresh_failed``, ``start_failed``, ``success``
+Outcomes are counted as ``refresh_failed``, ``start_failed``, ``success``
 (an unchanged share counts nothing). A failed refresh keeps the current generation.
 """
 
@@ -153,7 +153,7 @@ class CapacityRefresher:
             self.allocation is not None
             and allocation.active_instances != self.allocation.active_instances
         ):
-            # Others learn at once that the split changed (the reference only polls).
+            # Others learn at once that the split changed (else they wait for their next tick).
             await self.db.coordination.execute(_NOTIFY_INSTANCES, CATALOG)
         return snapshot, allocation
 

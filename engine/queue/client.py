@@ -96,8 +96,8 @@ _CANCEL_GRACE = 5.0
 
 
 def make_instance_id() -> str:
-    """``host:pid:nanos`` as the reference; a long host is shortened with a hash so client ids
-    stay within River's 100 characters (River rejects a longer one)."""
+    """``host:pid:nanos``, unique per process start; a long host is shortened with a hash so
+    client ids stay within River's 100 characters (River rejects a longer one)."""
     host = socket.gethostname() or "localhost"
     if len(host) > 32:
         host = f"{host[:23]}-{zlib.crc32(host.encode()):08x}"
@@ -314,7 +314,8 @@ class QueueClient:
     # ---- executing -------------------------------------------------------------------------
 
     def client_id(self, capacity: int) -> str:
-        """``<instance>-exec-<capacity>-<nanos>`` as the reference names execution clients."""
+        """``<instance>-exec-<capacity>-<nanos>``: River's client id, whose instance part orphan
+        recovery reads back from a job's ``attempted_by``."""
         return f"{self.instance_id}-exec-{capacity}-{time.time_ns()}"
 
     def make_generation(

@@ -120,15 +120,15 @@ class QueueConfig:
     job_timeout: float | None = setting(
         None,
         "Deadline of one job run, in seconds, for job kinds registered without a timeout of "
-        "their own, task runs included; unset means no deadline, as the reference's "
-        "`JobTimeout` -1. A run past it is cancelled and counts "
-        "as a failed attempt, retried with backoff; a cancelled task run is requeued first and "
-        "resumes on the retry.",
+        "their own, task runs included; unset means no deadline: a task run polls its upstream "
+        "for as long as it takes. A run past it is cancelled and counts as a failed attempt, "
+        "retried with backoff; a cancelled task run is requeued first and resumes on the retry.",
         number(gt=0, optional=True),
     )
     completed_retention: float = setting(
         86400.0,
-        "Seconds a completed job is kept before the cleaner deletes it (reference: 24 h).",
+        "Seconds a completed job is kept before the cleaner deletes it (24 h: a day to inspect "
+        "what ran).",
         number(ge=0),
     )
     cancelled_retention: float = setting(
@@ -160,19 +160,22 @@ class QueueConfig:
     )
     insert_max_attempts: int = setting(
         1000,
-        "Attempts allowed to an inserted task job before it is discarded; snoozes do not count "
-        "(reference: 1000).",
+        "Attempts allowed to an inserted task job before it is discarded; snoozes do not count. "
+        "A task job is retried only for infrastructure errors, so a high bound keeps it "
+        "through long outages.",
         integer(1),
     )
     insert_priority: int = setting(
         2,
-        "Priority of inserted task jobs, 1 (highest) to 4 (reference: 2).",
+        "Priority of inserted task jobs, 1 (highest) to 4; 2 leaves 1 for "
+        "jobs that must jump the queue.",
         integer(1, 4),
     )
     insert_tags: tuple[str, ...] = setting(
         ("gateway-task",),
         "Tags written on inserted task jobs; comma-separated in the environment and with "
-        "`--set` (reference: `gateway-task`).",
+        "`--set`; they mark task jobs for "
+        "whoever reads the queue (a River client's tooling included).",
         _tags(),
     )
     default_max_attempts: int = setting(

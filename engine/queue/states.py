@@ -2,7 +2,7 @@
 
 The names and the sets mirror River's ``rivertype.JobState`` and
 ``internal/dbunique/db_unique.go``, so a row written by the
-Python engine means the same thing as one written by the Go worker.
+Python engine means the same thing as one written by a River client (Go).
 """
 
 from __future__ import annotations

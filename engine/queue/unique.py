@@ -3,8 +3,8 @@
 A unique job carries ``unique_key = sha256(<key string>)`` and ``unique_states`` (a ``bit(8)``
 mask). The partial unique index on ``unique_key`` plus ``river_job_state_in_bitmask`` makes a
 second insert with the same key collide while the first job is in one of the masked states.
-Jobs inserted by the Go worker and by this engine must therefore produce the *same* key for the
-same logical job, so this module mirrors ``internal/dbunique/db_unique.go`` and
+Jobs inserted by a River client (Go) and by this engine must therefore produce the *same* key
+for the same logical job, so this module mirrors ``internal/dbunique/db_unique.go`` and
 ``rivershared/structtag`` (River commit ``fdf6cdf1``) exactly, including Go's JSON encoding.
 
 The key string is built in this order::
@@ -359,7 +359,7 @@ def _args_json(args: Mapping[str, Any], by_args: bool | tuple[str, ...]) -> str:
                 node = node.setdefault(parent, {})
             node[leaf] = found
         # River builds this object into an EMPTY buffer, so when every selected key is absent the
-        # payload is "" (not "{}"). Mirror that so such keys match the Go worker's.
+        # payload is "" (not "{}"). Mirror that so such keys match River's.
         return go_json(selected) if selected else ""
     # All keys, sorted; River starts this one from "{}", so no args give "{}".
     for key in args:

@@ -120,7 +120,7 @@ def _capacity(engine: Engine, sampler: LoadSamplerService | None) -> Callable[..
     config = engine.config
     served = tuple(sorted(engine.runner.providers))
     # Live tasks carry their model in the job's args; claim only those this process serves
-    # (and every job without a model: simulation tasks, jobs a Go client inserted).
+    # (and every job without a model: simulation tasks, jobs a River client inserted).
     args_filter = model_claim_filter(served)
     if config.worker.capacity == "fixed":
         return FixedCapacity(

@@ -42,7 +42,8 @@ class Phase(enum.StrEnum):
 
 
 #: Seconds a job whose start the load gate refused snoozes when the runner has no rule for it
-#: (the service gives it the Go worker's, ``engine.load.retry_delay``): the middle of that
+#: (the service gives it ``engine.load.retry_delay`` with ``load.retry_base`` and
+#: ``load.retry_spread_ms``): the middle of that
 #: rule's 250-750 ms.
 REFUSED_START_DELAY = 0.5
 

@@ -1,4 +1,4 @@
-"""Running a task: the Go worker's decision table and a fenced execution (docs/tasks.md).
+"""Running a task: the decision table and a fenced execution (docs/tasks.md).
 
 The job handler, row by row (each row is a test in ``engine_tests/tasks/test_runner.py``):
 

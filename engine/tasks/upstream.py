@@ -184,7 +184,7 @@ class UpstreamCalls(FencedWrites):
                 context.phase = TaskPhase.WAITING_UPSTREAM
                 ref = await self._submit(task, token, lease, execution, provider, prepared)
                 execution.upstream_ref = ref
-                # The reference lives only in this process until it is written: a database
+                # The upstream reference lives only in this process until it is written: a database
                 # blip here must not turn a known submission into a lost one.
                 upstream = ref
                 if not await self._durably(

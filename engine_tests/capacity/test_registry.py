@@ -311,7 +311,7 @@ async def test_when_every_instance_is_capped_the_sum_is_the_sum_of_caps(
     last = await register_instance(pool, reg("b", 10, limit=3))
 
     assert await stored(pool) == {"a": 2, "b": 3}
-    # min(G, Σ caps): newer Go workers report this as their GlobalCapacity.
+    # min(G, Σ caps): what an instance reports as its global capacity.
     assert (last.allocated, last.global_allocated, last.desired_capacity) == (3, 5, 10)
 
 

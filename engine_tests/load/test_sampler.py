@@ -1,4 +1,4 @@
-"""Resource sampling (the Go worker's sampleWorkerLoad): fake /proc and cgroup trees, real pools."""
+"""Resource sampling (CPU, memory, pool use): fake /proc and cgroup trees, real pools."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ async def test_load_retry_settings_set_the_snooze_of_a_refused_run(db_url: str) 
         expected = worker_load_retry_delay(str(task_id), base=20.0, spread_ms=1000)
         assert 20.0 <= expected < 21.0
         # Snoozed past the scheduler's 5 s look-ahead, so scheduled rather than available; by
-        # the configured delay, not the reference's 250-750 ms.
+        # the configured delay, not the default 250-750 ms.
         assert job.state is JobState.SCHEDULED and job.attempt == 0
         assert job.attempted_at is not None
         snooze = (job.scheduled_at - job.attempted_at).total_seconds()
