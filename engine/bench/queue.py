@@ -27,7 +27,6 @@ from engine.db.database import Database
 from engine.queue import Job, Workers, open_queue
 from engine.queue.config import QueueConfig
 from engine.queue.insert import insert_many, prepare
-from engine.queue.observe import NullQueueObserver
 
 __all__ = ["TARGETS", "BurnDown", "burn_down", "run_queue_bench"]
 
@@ -75,17 +74,10 @@ async def burn_down(db: Database, jobs: int, max_workers: int) -> BurnDown:
     before = await _commits(db)
     wal_before = await db.queue.fetchval("SELECT pg_current_wal_insert_lsn()")
     async with open_queue(db, _QCFG, workers=workers) as client:
-        finished = trio.Event()
-
-        class Drained(NullQueueObserver):
-            def completions_flushed(self, batch: object, seconds: float | None) -> None:
-                if client.completer.flushed >= jobs:
-                    finished.set()
-
-        client.completer.observer = Drained()
         started = trio.current_time()
         await client.start_generation({"default": max_workers})
-        await finished.wait()
+        # The queue's public drained signal: every job's outcome is written.
+        await client.wait_drained("default")
         elapsed = trio.current_time() - started
     wal = await db.queue.fetchval(
         "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)", wal_before
