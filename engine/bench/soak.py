@@ -63,7 +63,7 @@ from engine.bench.chaos.harness import (
     submit,
     wait_final,
 )
-from engine.bench.chaos.report import submitted_twice
+from engine.bench.chaos.report import status_counts, submitted_twice
 from engine.bench.chaos.run import (
     IDENTITY,
     MODEL,
@@ -295,14 +295,7 @@ async def run_soak_bench(
 
 async def _figures(soak: _Soak) -> dict[str, float]:
     run = soak.run
-    counts = {
-        r["status"]: int(r["n"])
-        for r in await run.monitor.fetch(
-            "SELECT status, count(*) AS n FROM engine_task WHERE id = ANY($1::uuid[])"
-            " GROUP BY status",
-            run.submitted,
-        )
-    }
+    counts = await status_counts(run)
     final = sum(counts.get(s, 0) for s in ("succeeded", "failed", "cancelled", "manual_review"))
     reviews = await run.monitor.fetch(
         "SELECT error->>'message' AS message FROM engine_task"

@@ -20,7 +20,7 @@ from engine.bench.chaos.run import (
 from engine.bench.chaos.worker import LEDGER_TABLE
 from engine.db.bridge import connect
 
-__all__ = ["common_figures", "scenario_targets", "submitted_twice"]
+__all__ = ["common_figures", "scenario_targets", "status_counts", "submitted_twice"]
 
 log = logging.getLogger("engine.bench.chaos")
 
@@ -110,13 +110,9 @@ async def submitted_twice(ledger_url: str) -> int:
         await ledger.close()
 
 
-async def common_figures(
-    run: ChaosRun, fault: FaultReport | None, measured_until: datetime
-) -> dict[str, float]:
-    """The figures every scenario reports (``tasks``, ``tasks_lost``, ``submitted_twice``,
-    ``recovery_seconds`` or ``seconds``, ``manual_review``, ``tasks_failed``), and the
-    injector's own."""
-    counts = {
+async def status_counts(run: ChaosRun) -> dict[str, int]:
+    """How many of the run's submitted tasks are in each status now."""
+    return {
         r["status"]: int(r["n"])
         for r in await run.monitor.fetch(
             "SELECT status, count(*) AS n FROM engine_task WHERE id = ANY($1::uuid[])"
@@ -124,6 +120,15 @@ async def common_figures(
             run.submitted,
         )
     }
+
+
+async def common_figures(
+    run: ChaosRun, fault: FaultReport | None, measured_until: datetime
+) -> dict[str, float]:
+    """The figures every scenario reports (``tasks``, ``tasks_lost``, ``submitted_twice``,
+    ``recovery_seconds`` or ``seconds``, ``manual_review``, ``tasks_failed``), and the
+    injector's own."""
+    counts = await status_counts(run)
     final = sum(n for status, n in counts.items() if status in FINAL)
     twice = await submitted_twice(run.ledger_url)
     figures: dict[str, float] = {
