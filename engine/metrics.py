@@ -37,7 +37,8 @@ from prometheus_client import (
 )
 
 from engine._version import __version__
-from engine.load.controller import LoadSnapshot, PressureState
+from engine.load.controller import LoadSnapshot
+from engine.load.pressure import PressureState
 
 __all__ = [
     "CONTENT_TYPE",

@@ -11,7 +11,8 @@ import trio
 from prometheus_client import REGISTRY
 
 import engine
-from engine.load.controller import LoadSnapshot, PressureState
+from engine.load.controller import LoadSnapshot
+from engine.load.pressure import PressureState
 from engine.metrics import (
     EXECUTION_PHASES,
     JOB_STATES,

@@ -94,7 +94,8 @@ from engine.bench.worker import kill_processes
 from engine.config import EngineConfig, load_config
 from engine.db.database import DatabaseUrls
 from engine.domain.tasks import Identity, RunMode, TaskRequest
-from engine.load.controller import LoadSnapshot, PressureState
+from engine.load.controller import LoadSnapshot
+from engine.load.pressure import PressureState
 from engine.load.sampler import ProcessSampler
 from engine.providers.simulated import Latency, SimulatedProvider, SimulationConfig
 from engine.service.engine import Engine

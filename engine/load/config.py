@@ -1,7 +1,7 @@
 """The ``[load]`` section: the local load controller's mode, sampling and thresholds.
 
 The one home of these settings' defaults and documentation
-(:meth:`engine.load.controller.LoadThresholds.from_section` takes its thresholds from here).
+(:meth:`engine.load.pressure.LoadThresholds.from_section` takes its thresholds from here).
 """
 
 from typing import ClassVar, Final, Literal

@@ -29,7 +29,8 @@ import trio
 
 from engine.db.database import Database
 from engine.load.clock import Clock, MonotonicClock
-from engine.load.controller import LoadController, LoadSnapshot, ResourceSample
+from engine.load.controller import LoadController, LoadSnapshot
+from engine.load.pressure import ResourceSample
 
 __all__ = [
     "CgroupPaths",

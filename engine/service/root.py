@@ -69,7 +69,8 @@ from engine.db.resolve import (
 )
 from engine.db.watch import watch_embedded
 from engine.errors import ConfigError, leaves
-from engine.load.controller import LoadController, LoadThresholds
+from engine.load.controller import LoadController
+from engine.load.pressure import LoadThresholds
 from engine.providers.app import check_providers, load_app, open_providers
 from engine.providers.base import Provider
 from engine.providers.context import open_lifespans

@@ -28,7 +28,8 @@ from engine.capacity.snapshot import (
 )
 from engine.db.bridge import Connection, Pool
 from engine.db.database import Database
-from engine.load.controller import LoadSnapshot, PressureState
+from engine.load.controller import LoadSnapshot
+from engine.load.pressure import PressureState
 
 STALE = 30.0
 """Heartbeat stale-after used by these tests, in seconds (6 × a 5 s refresh)."""

@@ -14,13 +14,15 @@ from engine.load.clock import MonotonicClock, TrioClock
 from engine.load.config import LoadConfig
 from engine.load.controller import (
     HEAVY_PHASES,
-    REASON_CPU,
-    REASON_DATABASE_CONNECTIONS,
-    REASON_MEMORY,
     LoadController,
     LoadLease,
     LoadMode,
     LoadSnapshot,
+)
+from engine.load.pressure import (
+    REASON_CPU,
+    REASON_DATABASE_CONNECTIONS,
+    REASON_MEMORY,
     LoadThresholds,
     PressureState,
     ResourceSample,

@@ -12,7 +12,8 @@ import trio.testing
 
 from engine.db.database import Database
 from engine.load.clock import MonotonicClock, TrioClock
-from engine.load.controller import LoadController, LoadSnapshot, PressureState, ResourceSample
+from engine.load.controller import LoadController, LoadSnapshot
+from engine.load.pressure import PressureState, ResourceSample
 from engine.load.sampler import CgroupPaths, LoadSamplerService, ProcessSampler, db_usage
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
