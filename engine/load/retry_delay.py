@@ -8,7 +8,7 @@ are the settings ``load.retry_base`` and ``load.retry_spread_ms``; these are the
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_RETRY_BASE", "DEFAULT_RETRY_SPREAD_MS", "worker_load_retry_delay"]
+__all__ = ["DEFAULT_RETRY_BASE", "DEFAULT_RETRY_SPREAD_MS", "refused_start_delay"]
 
 DEFAULT_RETRY_BASE = 0.25
 """The least snooze, in seconds (``load.retry_base``)."""
@@ -18,7 +18,7 @@ of the base."""
 _UINT32 = 2**32
 
 
-def worker_load_retry_delay(
+def refused_start_delay(
     task_id: str,
     *,
     base: float = DEFAULT_RETRY_BASE,

@@ -6,6 +6,10 @@
   records layer (event writer, completer, notifier, task notices, lease keeper, elector)
   outlives the control layer (metrics, load sampler, recovery, admission, capacity with its
   generations, gauges), so every outcome of a stopping run is recorded.
+* :mod:`engine.service.assemble` builds every part from the configuration before any runs;
+  :mod:`engine.service.control` starts the control layer's siblings in order;
+  :mod:`engine.service.settings` gives each control loop its own settings;
+  :mod:`engine.service.observe` is the one observer every part reports to (the metrics).
 * :mod:`engine.service.supervise` — the control layer's siblings restart from a fresh state
   after a crash; :mod:`engine.service.health` is what ``/readyz`` reports.
 * :mod:`engine.service.engine` — the open :class:`~engine.service.engine.Engine` (submit,

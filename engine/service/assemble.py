@@ -18,7 +18,7 @@ from engine.db.database import Database, DatabaseUrls
 from engine.db.listen import ListenHub
 from engine.errors import ConfigError
 from engine.load.controller import LoadController
-from engine.load.retry_delay import worker_load_retry_delay
+from engine.load.retry_delay import refused_start_delay
 from engine.metrics import Metrics
 from engine.providers.base import Provider
 from engine.providers.simulated import SimulatedProvider
@@ -101,7 +101,7 @@ async def assemble(
         queue_timeout=config.admission.queue_timeout,
         admission=ScopeGate(db.tasks, db.coordination),
         load_retry_delay=functools.partial(
-            worker_load_retry_delay,
+            refused_start_delay,
             base=config.load.retry_base,
             spread_ms=config.load.retry_spread_ms,
         ),

@@ -27,7 +27,7 @@ from engine.load.pressure import (
     PressureState,
     ResourceSample,
 )
-from engine.load.retry_delay import worker_load_retry_delay
+from engine.load.retry_delay import refused_start_delay
 from engine.tasks.gates import Phase
 
 
@@ -720,7 +720,7 @@ async def test_heavy_limit_under_concurrency(
         lease = controller.try_start()
         while lease is None:
             # Refused jobs snooze like River jobs do; virtual time under autojump.
-            await trio.sleep(worker_load_retry_delay(task_id))
+            await trio.sleep(refused_start_delay(task_id))
             lease = controller.try_start()
         with lease:
             check()

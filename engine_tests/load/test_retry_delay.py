@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.load.retry_delay import worker_load_retry_delay
+from engine.load.retry_delay import refused_start_delay
 
 
 @pytest.mark.parametrize(
@@ -20,13 +20,13 @@ from engine.load.retry_delay import worker_load_retry_delay
     ],
 )
 def test_reference_vectors(task_id: str, seconds: float) -> None:
-    assert worker_load_retry_delay(task_id) == seconds
+    assert refused_start_delay(task_id) == seconds
 
 
 def test_hashes_utf8_bytes_not_code_points() -> None:
     # "é" is two bytes (0xc3 0xa9): h = 195*33 + 169 = 6604; 6604 % 501 = 91. (By code point,
     # 233, it would be 0.483.)
-    assert worker_load_retry_delay("é") == 0.341
+    assert refused_start_delay("é") == 0.341
 
 
 def test_uint32_wraparound() -> None:
@@ -35,14 +35,14 @@ def test_uint32_wraparound() -> None:
     h = 0
     for byte in task_id.encode():
         h = (h * 33 + byte) & 0xFFFFFFFF
-    assert worker_load_retry_delay(task_id) == (250 + h % 501) / 1000
+    assert refused_start_delay(task_id) == (250 + h % 501) / 1000
 
 
 @given(st.text(alphabet=st.characters(codec="utf-8")))
 def test_range_and_determinism(task_id: str) -> None:
-    delay = worker_load_retry_delay(task_id)
+    delay = refused_start_delay(task_id)
     assert 0.250 <= delay <= 0.750
-    assert delay == worker_load_retry_delay(task_id)
+    assert delay == refused_start_delay(task_id)
 
 
 @pytest.mark.parametrize(
@@ -58,10 +58,10 @@ def test_range_and_determinism(task_id: str) -> None:
 def test_base_and_spread_are_parameters(
     task_id: str, base: float, spread_ms: int, seconds: float
 ) -> None:
-    assert worker_load_retry_delay(task_id, base=base, spread_ms=spread_ms) == seconds
+    assert refused_start_delay(task_id, base=base, spread_ms=spread_ms) == seconds
 
 
 @pytest.mark.parametrize(("base", "spread_ms"), [(-0.1, 501), (0.25, 0)])
 def test_bad_parameters_are_refused(base: float, spread_ms: int) -> None:
     with pytest.raises(ValueError):
-        worker_load_retry_delay("a", base=base, spread_ms=spread_ms)
+        refused_start_delay("a", base=base, spread_ms=spread_ms)

@@ -22,7 +22,7 @@ from engine.db.dsn import replace_database
 from engine.db.resolve import scratch_database
 from engine.domain.tasks import TaskStatus
 from engine.errors import ConfigError, DatabaseError, DataDirError, leaves
-from engine.load.retry_delay import worker_load_retry_delay
+from engine.load.retry_delay import refused_start_delay
 from engine.queue.states import JobState
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
@@ -49,7 +49,7 @@ async def test_load_retry_settings_set_the_snooze_of_a_refused_run(db_url: str) 
         with trio.fail_after(10):
             while (job := await job_of(eng, task_id)).metadata.get("snoozes") != 1:
                 await trio.sleep(0.01)
-        expected = worker_load_retry_delay(str(task_id), base=20.0, spread_ms=1000)
+        expected = refused_start_delay(str(task_id), base=20.0, spread_ms=1000)
         assert 20.0 <= expected < 21.0
         # Snoozed past the scheduler's 5 s look-ahead, so scheduled rather than available; by
         # the configured delay, not the default 250-750 ms.

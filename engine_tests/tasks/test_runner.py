@@ -18,7 +18,7 @@ from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import RunMode, Task, TaskEvent, TaskStatus
 from engine.errors import ConnectionLost, DatabaseError
 from engine.load.controller import LoadController
-from engine.load.retry_delay import worker_load_retry_delay
+from engine.load.retry_delay import refused_start_delay
 from engine.providers.base import NotSubmitted, PollResult
 from engine.providers.simulated import SimulatedProvider
 from engine.queue.job import Job, JobSnooze
@@ -142,7 +142,7 @@ async def test_row_3_load_refusal_snoozes_with_the_hashed_delay(idle: Engine) ->
     idle.runner.load = LoadController(mode="legacy", claim_limit=0)
     with pytest.raises(JobSnooze) as snooze:
         await work(idle, task_id)
-    assert snooze.value.seconds == worker_load_retry_delay(str(task_id))
+    assert snooze.value.seconds == refused_start_delay(str(task_id))
     assert 0.25 <= snooze.value.seconds <= 0.75
     assert (await status(idle, task_id)).status is TaskStatus.QUEUED
 
