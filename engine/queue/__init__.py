@@ -22,13 +22,15 @@ Used on its own (docs/queue.md, "The queue on its own")::
         await queue.insert(SendEmail(to="ada@example.com"))
         await queue.wait_drained()
 
-:func:`open` opens the database of an :class:`~engine.config.EngineConfig` (``database.url``
-or the embedded server), migrates it, and runs the client's services and one generation;
+:func:`open` opens the database of the app's settings (an
+:class:`~engine.config.EngineConfig`, or any :class:`QueueSettings`: ``database.url`` or the
+embedded server), migrates it, and runs the client's services and one generation;
 :func:`open_queue` does the same on pools the caller owns (:func:`engine.db.open_database`).
 """
 
 from engine.errors import JobError as JobError
 from engine.queue.client import QueueClient as QueueClient
+from engine.queue.client import QueueSettings as QueueSettings
 from engine.queue.client import make_instance_id as make_instance_id
 from engine.queue.client import open as open
 from engine.queue.client import open_queue as open_queue
@@ -58,6 +60,7 @@ __all__ = [
     "JobSnooze",
     "JobState",
     "QueueClient",
+    "QueueSettings",
     "SlotPool",
     "UniqueOpts",
     "Worker",

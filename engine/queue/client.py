@@ -40,12 +40,14 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import trio
 
 from engine.db.bridge import Connection, asyncio_loop
 from engine.db.channels import RiverChannels, river_channels
+from engine.db.config import DatabaseConfig
 from engine.db.database import Database, open_database
 from engine.db.listen import ListenHub
 from engine.db.resolve import migrate_databases, open_urls
@@ -72,11 +74,35 @@ from engine.queue.slots import SlotPool
 from engine.queue.states import JobState
 from engine.queue.workers import Workers
 
-if TYPE_CHECKING:
-    # Only for annotations: the settings compose every section, this one's included.
-    from engine.config import EngineConfig
 
-__all__ = ["QueueClient", "make_instance_id", "make_queue_client", "open", "open_queue"]
+class QueueSettings(Protocol):
+    """What :func:`open` reads of the app's configuration: :class:`~engine.config.EngineConfig`
+    has it (``engine.load_config()``), and so may any object with these three attributes."""
+
+    @property
+    def database(self) -> DatabaseConfig:
+        """The ``[database]`` section: where the database is and how the pools behave."""
+        ...
+
+    @property
+    def queue(self) -> QueueConfig:
+        """The ``[queue]`` section."""
+        ...
+
+    @property
+    def data_dir(self) -> Path | None:
+        """Where the embedded server lives when ``database.url`` is unset."""
+        ...
+
+
+__all__ = [
+    "QueueClient",
+    "QueueSettings",
+    "make_instance_id",
+    "make_queue_client",
+    "open",
+    "open_queue",
+]
 
 log = logging.getLogger(__name__)
 
@@ -510,14 +536,15 @@ async def open_queue(
 
 @asynccontextmanager
 async def open(
-    config: EngineConfig,
+    config: QueueSettings,
     *,
     workers: Workers | None = None,
     queues: Mapping[str, int] | None = None,
     instance_id: str | None = None,
 ) -> AsyncIterator[QueueClient]:
     """The queue on its own, as River's client is, on the database of ``config`` (the app's
-    :class:`~engine.config.EngineConfig`, e.g. ``engine.load_config()``); yields the client.
+    :class:`~engine.config.EngineConfig`, e.g. ``engine.load_config()``, or any
+    :class:`QueueSettings`); yields the client.
 
     It finds the database as the service does: ``database.url`` (and the role URLs), or the
     embedded server in ``data_dir`` (started if needed, the database created if missing),
