@@ -127,21 +127,29 @@ class Engine:
     async def submit(
         self, request: TaskRequest | Sequence[TaskRequest]
     ) -> uuid.UUID | list[uuid.UUID]:
-        """Validate and store one task or many (one transaction); return their ids.
+        """Validate and store one task or many, atomically; return their ids.
+
+        One round trip: the tasks, their jobs and their first events are written by a single
+        statement, its own transaction (:func:`~engine.tasks.submit.submit_tasks`).
 
         Raises:
             InvalidTask: any request was invalid; nothing was stored.
         """
         requests = [request] if isinstance(request, TaskRequest) else list(request)
-        rollback_timeout = self.config.worker.enqueue_rollback_timeout
-        async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
+        async with self.db.tasks.acquire() as conn:
             await self.submit_tx(conn, requests)
         ids = [r.id for r in requests]
         return ids[0] if isinstance(request, TaskRequest) else ids
 
     async def submit_tx(self, conn: Connection, requests: Sequence[TaskRequest]) -> None:
         """Store ``requests`` inside the caller's transaction on ``conn`` (a connection to
-        the tasks database): the tasks exist, and run, only if that transaction commits."""
+        the tasks database): the tasks exist, and run, only if that transaction commits.
+
+        Raises:
+            InvalidTask: any request was invalid; nothing was stored, and the caller's
+                transaction can go on.
+        """
+        # One statement either way: without a transaction open on conn it is its own.
         await submit_tasks(
             conn,
             requests,
@@ -149,9 +157,6 @@ class Engine:
             tasks=self.config.tasks,
             instance_id=self.instance_id,
             notify_channel=self.queue.channels.insert,
-            # A separate catalogue pool only when it is another database: asking the same pool
-            # for a second connection while holding one can exhaust it under load.
-            catalog=None if self.db.coordination is self.db.tasks else self.db.coordination,
         )
 
     # ---- reading -------------------------------------------------------------------------
