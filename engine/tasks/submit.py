@@ -4,9 +4,10 @@ statement.
 The checks Python can make (fields, payloads, ids) come before any round trip, and one bad
 request rejects the whole call with an :class:`~engine.errors.InvalidTask` naming every problem,
 so nothing is half-stored. The catalogue check (each model known and enabled), the jobs, the
-tasks and their first events are then one statement (``task_submit_many``): atomic as any
-statement is, on its own (one round trip, its own transaction) or in the caller's transaction.
-When a model fails the check that statement writes nothing and says which requests failed.
+tasks and their first events are then one statement (``task_submit_many``, or
+``task_submit_one`` for a single request): atomic as any statement is, on its own (one round
+trip, its own transaction) or in the caller's transaction. When a model fails the check that
+statement writes nothing and says which requests failed.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from engine.tasks.config import TasksConfig
 from engine.tasks.jobs import TaskJob
 from engine.tasks.jsoncheck import bad_character, json_problem
 
-__all__ = ["statement_args", "submit_tasks", "validate_requests"]
+__all__ = ["submit_statement", "submit_tasks", "validate_requests"]
 
-_SUBMIT = QUERIES["task_submit_many"]
+_SUBMIT_ONE = QUERIES["task_submit_one"]
+_SUBMIT_MANY = QUERIES["task_submit_many"]
 
 #: The catalogue's limit on model names (engine_model.name).
 _MODEL_MAX = 200
@@ -126,11 +128,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _job_columns(jobs: Sequence[InsertParams], notify_channel: str | None) -> list[Any]:
-    """``job_insert_many``'s parameters for ``jobs``, built as :mod:`engine.queue.insert`
+def _job_columns(jobs: Sequence[InsertParams]) -> list[list[Any]]:
+    """``job_insert_many``'s column arrays for ``jobs``, built as :mod:`engine.queue.insert`
     builds them (a test compares the rows the two paths store)."""
-    available = [p.queue for p in jobs if p.state is JobState.AVAILABLE]
-    payloads = [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel else []
     return [
         [p.kind for p in jobs],
         [_dumps(p.args) for p in jobs],
@@ -143,26 +143,26 @@ def _job_columns(jobs: Sequence[InsertParams], notify_channel: str | None) -> li
         [_dumps(dict(p.metadata)) for p in jobs],
         [p.unique_key for p in jobs],
         [p.unique_states for p in jobs],
-        notify_channel or "",
-        payloads,
     ]
 
 
-def statement_args(
+def submit_statement(
     requests: Sequence[TaskRequest],
     payloads: Sequence[str],
     *,
     queue: QueueConfig,
     instance_id: str,
     notify_channel: str | None,
-) -> list[Any]:
-    """The parameters of ``task_submit_many`` for validated ``requests`` and their payload
-    texts (:func:`validate_requests`)."""
+) -> tuple[str, list[Any]]:
+    """The statement that stores validated ``requests`` (with their payload texts, from
+    :func:`validate_requests`), and its parameters: ``task_submit_one`` for one request,
+    ``task_submit_many`` for more (the same statement over arrays)."""
     jobs = [TaskJob(r.id, r.model, r.run_mode, r.run_at).params(queue) for r in requests]
     # The statement finds each task's job by its unique key (see task_submit_many).
     assert all(p.unique_key is not None for p in jobs)
-    return [
-        *_job_columns(jobs, notify_channel),
+    available = [p.queue for p in jobs if p.state is JobState.AVAILABLE]
+    notify = [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel else []
+    task_columns: list[list[Any]] = [
         [r.id for r in requests],
         [r.model for r in requests],
         [r.group_key for r in requests],
@@ -170,8 +170,13 @@ def statement_args(
         [r.run_mode.value for r in requests],
         list(payloads),
         [r.run_at for r in requests],
-        instance_id,
     ]
+    job_columns = _job_columns(jobs)
+    if len(requests) == 1:
+        job_columns = [column[0] for column in job_columns]
+        task_columns = [column[0] for column in task_columns]
+    query = _SUBMIT_ONE if len(requests) == 1 else _SUBMIT_MANY
+    return query, [*job_columns, notify_channel or "", notify, *task_columns, instance_id]
 
 
 async def submit_tasks(
@@ -196,10 +201,10 @@ async def submit_tasks(
     if not requests:
         return
     payloads = validate_requests(requests, tasks)
-    args = statement_args(
+    query, args = submit_statement(
         requests, payloads, queue=queue, instance_id=instance_id, notify_channel=notify_channel
     )
-    row = await conn.fetchrow(_SUBMIT, *args)
+    row = await conn.fetchrow(query, *args)
     assert row is not None
     found = {n: "unknown model {!r}" for n in row["unknown"]}
     found.update({n: "model {!r} is disabled" for n in row["disabled"]})

@@ -62,9 +62,10 @@ class _Queries:
 
     @classmethod
     async def warmed(cls, conn: Connection) -> _Queries:
-        """Run the statement once (a rejected submission, which stores nothing), then log."""
-        with pytest.raises(InvalidTask):
-            await _submit(conn, [request("no-such-model")])
+        """Run both statements once (rejected submissions, which store nothing), then log."""
+        for count in (1, 2):
+            with pytest.raises(InvalidTask):
+                await _submit(conn, [request("no-such-model") for _ in range(count)])
         return cls(conn)
 
 
@@ -76,7 +77,7 @@ async def test_a_submit_is_one_statement_storing_task_job_and_event_together(
     queries = await _Queries.warmed(conn)
     await _submit(conn, [req])
     # No BEGIN, no COMMIT, no catalogue lookup: the one statement is its own transaction.
-    assert queries.sent == [QUERIES["task_submit_many"]]
+    assert queries.sent == [QUERIES["task_submit_one"]]
     assert not conn.raw.is_in_transaction()
     row = await conn.fetchrow(
         "SELECT t.river_job_id, t.status, t.payload, t.tenant_id, t.api_key_id,"
@@ -125,18 +126,19 @@ async def _job_row(conn: Connection, store: Any, job: TaskJob) -> dict[str, Any]
 
 @pytest.mark.parametrize("run_mode", [RunMode.LIVE, RunMode.SIMULATION])
 @pytest.mark.parametrize("later", [False, True], ids=["now", "scheduled"])
+@pytest.mark.parametrize("count", [1, 2], ids=["one", "many"])
 async def test_the_job_a_submission_stores_is_the_one_insert_task_jobs_stores(
-    conn: Connection, run_mode: RunMode, later: bool
+    conn: Connection, run_mode: RunMode, later: bool, count: int
 ) -> None:
-    """The statement builds the job's columns itself: they must stay those of the queue's own
-    insert (``job_insert_many``), which a River client shares."""
+    """The statements build the job's columns themselves: they must stay those of the queue's
+    own insert (``job_insert_many``), which a River client shares."""
     await conn.execute("INSERT INTO engine_model (name) VALUES ('echo')")
     run_at = datetime.now(UTC) + timedelta(hours=1) if later else None
     req = request("echo", run_mode=run_mode, run_at=run_at)
     job = TaskJob(req.id, req.model, req.run_mode, req.run_at)
 
     async def by_submission() -> None:
-        await _submit(conn, [req])
+        await _submit(conn, [req, request("echo")][:count])
 
     async def by_queue_insert() -> None:
         await insert_task_jobs(conn, [job], queue=_QUEUE, notify_channel=_CHANNEL)
@@ -221,7 +223,7 @@ async def test_a_batch_of_many_requests_in_one_call(conn: Connection) -> None:
     ]
     queries = await _Queries.warmed(conn)
     await _submit(conn, batch)
-    assert len(queries.sent) == 1
+    assert queries.sent == [QUERIES["task_submit_many"]]
     assert await _counts(conn) == (6_000, 6_000, 6_000)
     rows = await conn.fetch(
         "SELECT t.id, t.model, t.run_mode, t.payload, j.args, j.state::text AS state"
@@ -299,3 +301,11 @@ async def test_a_rejected_submit_tx_leaves_the_callers_transaction_usable(
             assert await _counts(conn) == (1, 1, 1)
             stored = await conn.fetchval("SELECT id FROM engine_task")
     assert isinstance(stored, uuid.UUID) and stored == kept.id
+
+
+def test_the_single_statement_is_the_batch_statement_over_scalars() -> None:
+    """``task_submit_one`` differs from ``task_submit_many`` only in how it reads its input."""
+    one, many = QUERIES["task_submit_one"], QUERIES["task_submit_many"]
+    rest = "problems AS MATERIALIZED ("
+    assert one[one.index(rest) :] == many[many.index(rest) :]
+    assert "$1::text[]" in many and "$1::text AS kind" in one

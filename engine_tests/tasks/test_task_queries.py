@@ -15,7 +15,7 @@ from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.queue.config import QueueConfig
 from engine.tasks.config import TasksConfig
-from engine.tasks.submit import statement_args, validate_requests
+from engine.tasks.submit import submit_statement, validate_requests
 from engine.testing.factories import make_task
 from engine_tests.plans import PLAN_MODES, explain_prepared
 
@@ -133,12 +133,11 @@ async def test_submission_probes_the_catalogue_by_primary_key(
         for n in range(count)
     ]
     payloads = validate_requests(requests, TasksConfig())
-    args = statement_args(
+    query, args = submit_statement(
         requests, payloads, queue=QueueConfig(), instance_id="i", notify_channel="ch"
     )
-    plan = await explain_prepared(
-        conn, QUERIES["task_submit_many"], [_as_literal(a) for a in args], mode
-    )
+    assert query == QUERIES["task_submit_one" if count == 1 else "task_submit_many"]
+    plan = await explain_prepared(conn, query, [_as_literal(a) for a in args], mode)
     text = json.dumps(plan)
     assert "engine_model_pkey" in text, text
     assert '"Seq Scan"' not in text, text

@@ -135,6 +135,86 @@ SELECT (SELECT count(*) FROM tasks) AS stored,
        ARRAY(SELECT p.ord FROM problems p WHERE NOT p.enabled ORDER BY p.ord) AS disabled
 FROM notified;
 
+-- name: task_submit_one
+-- task_submit_many for one request, with the same parameters as scalars ($12 and $13 as there):
+-- the statement a single submit sends. Below its input it is task_submit_many word for word (a
+-- test holds them equal). Why a second statement: PostgreSQL plans a prepared statement over
+-- unnest($n) anew on every run (a generic plan counts ten rows per array and always looks dearer
+-- than a custom one), which costs a single submit as much as its execution does; with scalars
+-- the generic plan is as cheap, so it is planned once per connection (docs/benchmarks.md).
+WITH input AS MATERIALIZED (
+    SELECT $1::text AS kind, $2::text AS args, $3::text AS queue, $4::smallint AS priority,
+           $5::smallint AS max_attempts, $6::timestamptz AS scheduled_at,
+           $7::river_job_state AS state, $8::text AS tags, $9::text AS metadata,
+           $10::bytea AS unique_key, $11::text AS unique_states, $14::uuid AS id,
+           $15::text AS model, $16::text AS group_key, $17::jsonb AS identity,
+           $18::text AS run_mode, $19::text AS payload, $20::timestamptz AS next_run_at,
+           1::bigint AS ord
+),
+problems AS MATERIALIZED (
+    SELECT c.ord, c.enabled
+    FROM (
+        -- A correlated scalar lookup: one primary-key probe per request, whatever the size of
+        -- the catalogue (see task_lease_claim_many).
+        SELECT i.ord, (SELECT m.enabled FROM engine_model m WHERE m.name = i.model) AS enabled
+        FROM input i
+    ) c
+    WHERE c.enabled IS NOT true
+),
+jobs AS (
+    INSERT INTO river_job (
+        kind, args, queue, priority, max_attempts, scheduled_at, state, tags, metadata,
+        unique_key, unique_states
+    )
+    SELECT kind, args::jsonb, queue, priority, max_attempts, coalesce(scheduled_at, now()), state,
+           ARRAY(SELECT jsonb_array_elements_text(tags::jsonb))::varchar(255)[],
+           metadata::jsonb, unique_key, unique_states::bit(8)
+    FROM input
+    WHERE NOT EXISTS (SELECT 1 FROM problems)
+    ORDER BY ord
+    ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL
+          AND unique_states IS NOT NULL
+          AND river_job_state_in_bitmask(unique_states, state)
+        -- A no-op update so RETURNING yields the existing row (as job_insert_many).
+        DO UPDATE SET kind = EXCLUDED.kind
+    RETURNING river_job.id, river_job.unique_key
+),
+tasks AS (
+    INSERT INTO engine_task (
+        id, model, group_key, tenant_id, gateway_tenant_id, tenant_key, user_id,
+        gateway_user_id, user_source, user_group_id, api_key_id, api_key_name, api_key_prefix,
+        run_mode, payload, next_run_at, river_job_id
+    )
+    SELECT i.id, i.model, i.group_key,
+           i.identity ->> 'tenant_id', i.identity ->> 'gateway_tenant_id',
+           i.identity ->> 'tenant_key', i.identity ->> 'user_id',
+           i.identity ->> 'gateway_user_id', i.identity ->> 'user_source',
+           i.identity ->> 'user_group_id', i.identity ->> 'api_key_id',
+           i.identity ->> 'api_key_name', i.identity ->> 'api_key_prefix',
+           i.run_mode, i.payload::jsonb, coalesce(i.next_run_at, now()), j.id
+    FROM input i
+    JOIN jobs j ON j.unique_key = i.unique_key
+    ORDER BY i.ord
+    RETURNING id, run_mode
+),
+events AS (
+    INSERT INTO engine_task_event (task_id, type, status, progress, message, simulated,
+                                   instance_id)
+    SELECT id, 'task.queued', 'queued', 0, 'task submitted', run_mode = 'simulation', $21::text
+    FROM tasks
+),
+notified AS (
+    SELECT count(pg_notify($12::text, payload)) AS n
+    FROM unnest($13::text[]) AS payload
+    WHERE NOT EXISTS (SELECT 1 FROM problems)
+)
+-- notified is one row, always: FROM it, so its NOTIFY runs (a data-modifying CTE runs anyway).
+SELECT (SELECT count(*) FROM tasks) AS stored,
+       ARRAY(SELECT p.ord FROM problems p WHERE p.enabled IS NULL ORDER BY p.ord) AS unknown,
+       ARRAY(SELECT p.ord FROM problems p WHERE NOT p.enabled ORDER BY p.ord) AS disabled
+FROM notified;
+
 -- name: task_get
 -- One task by id. $1 id.
 SELECT * FROM engine_task WHERE id = $1;
