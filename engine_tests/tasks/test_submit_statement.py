@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from engine.db.bridge import Connection
+from engine.db.bridge import Connection, connect
 from engine.db.listen import RESYNC, Listener, Notification
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import RunMode, TaskRequest
@@ -53,8 +53,8 @@ async def _counts(conn: Connection) -> tuple[int, int, int]:
 
 class _Queries:
     """Every query asyncpg sends on a connection (BEGIN and COMMIT included), from the second
-    submission on: the first on a connection also looks up the statement's types (a
-    ``river_job_state`` array), once, as asyncpg does for every connection."""
+    submission on: the first run of each statement on a connection also looks up its types
+    (River's ``river_job_state`` enum), once, as asyncpg does on every connection."""
 
     def __init__(self, conn: Connection) -> None:
         self.sent: list[str] = []
@@ -309,3 +309,36 @@ def test_the_single_statement_is_the_batch_statement_over_scalars() -> None:
     rest = "problems AS MATERIALIZED ("
     assert one[one.index(rest) :] == many[many.index(rest) :]
     assert "$1::text[]" in many and "$1::text AS kind" in one
+
+
+async def test_a_submit_cancelled_while_its_statement_waits_stores_nothing(
+    open_test_engine: OpenEngine, db_url: str
+) -> None:
+    """Cancelled in flight, the statement is cancelled on the server too, before submit
+    returns: nothing stored, and the next submit goes through."""
+    async with open_test_engine(execute=False) as eng:
+        await eng.set_model("sim-model")
+        admin = await connect(db_url)
+        try:
+            async with admin.transaction():
+                await admin.execute("LOCK TABLE engine_task IN SHARE MODE")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(eng.submit, request())
+                    with trio.fail_after(10):
+                        while not await admin.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND wait_event_type = 'Lock'"
+                        ):
+                            await trio.sleep(0.01)
+                    nursery.cancel_scope.cancel()
+                # Still holding the lock: the statement is gone from the server already.
+                assert not await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                )
+            assert await _counts(admin) == (0, 0, 0)
+            kept = await eng.submit(request())
+            assert await _counts(admin) == (1, 1, 1)
+            assert await admin.fetchval("SELECT id FROM engine_task") == kept
+        finally:
+            await admin.close()
