@@ -161,7 +161,9 @@ def submit_statement(
     # The statement finds each task's job by its unique key (see task_submit_many).
     assert all(p.unique_key is not None for p in jobs)
     available = [p.queue for p in jobs if p.state is JobState.AVAILABLE]
-    notify = [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel else []
+    notify = (
+        [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel is not None else []
+    )
     task_columns: list[list[Any]] = [
         [r.id for r in requests],
         [r.model for r in requests],
