@@ -9,13 +9,22 @@
 * ``submit_per_s``: the submission rate of those batches.
 * ``queue_jobs_per_s`` / ``ratio_to_queue``: the queue's own burn-down in the same run.
 * ``round_trips_per_task``: statements this process sent during the drain, per task.
+* ``submit_one_p50_ms`` / ``submit_one_p99_ms``: single ``Engine.submit`` calls (one task and
+  its job), interleaved on the same pool with ``plain_insert_p50_ms`` / ``plain_insert_p99_ms``,
+  a plain one-row INSERT with its commit into a scratch table with a similar row, and
+  ``queue_insert_p50_ms``, a single ``QueueClient.insert``; ``submit_to_plain_ratio`` and
+  ``queue_to_plain_ratio`` compare the medians.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import trio
 
-from engine.bench.common import BenchDatabase
+from engine.bench.common import BenchDatabase, percentile
 from engine.bench.queue import burn_down
 from engine.config import load_config
 from engine.db.bridge import Counters
@@ -31,6 +40,9 @@ TARGETS: dict[str, tuple[str, float]] = {
     # The simulated provider has no failures by default: any task not succeeded is a bug.
     "tasks_not_succeeded": ("<=", 0),
     "ratio_to_queue": (">=", 0.3),
+    # One submission is one statement: it should cost little more than the cheapest write.
+    "submit_to_plain_ratio": ("<=", 1.3),
+    "queue_to_plain_ratio": ("<=", 1.3),
 }
 
 _IDENTITY = Identity(tenant_id="bench", user_id="bench")
@@ -75,10 +87,72 @@ async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, 
     return count / elapsed, submit_rate, trips, count - counts.get("succeeded", 0)
 
 
+# A row like a task's: a uuid key, a JSON payload, a few text columns.
+_PLAIN_TABLE = (
+    "CREATE TABLE bench_plain_insert (id uuid PRIMARY KEY, model text NOT NULL,"
+    " tenant_id text NOT NULL, user_id text NOT NULL, run_mode text NOT NULL,"
+    " payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+)
+_PLAIN_INSERT = (
+    "INSERT INTO bench_plain_insert (id, model, tenant_id, user_id, run_mode, payload)"
+    " VALUES ($1, $2, $3, $4, $5, $6)"
+)
+
+
+async def _single_writes(url: str, samples: int, warmup: int) -> dict[str, list[float]]:
+    """Milliseconds of single submits, plain inserts and queue inserts, interleaved on one pool
+    (each round in a rotated order), after ``warmup`` rounds."""
+    config = load_config(env={}, overrides={"database.migrate_on_start": "false"})
+    times: dict[str, list[float]] = {"submit": [], "plain": [], "queue": []}
+    async with open_engine(config, urls=DatabaseUrls.single(url), control=False) as client:
+        await client.set_model("bench-model")
+        pool = client.db.tasks
+        await pool.execute(_PLAIN_TABLE)
+
+        async def submit(payload: dict[str, Any]) -> None:
+            request = TaskRequest(
+                model="bench-model", payload=payload, identity=_IDENTITY, run_mode=RunMode.LIVE
+            )
+            await client.submit(request)
+
+        async def plain(payload: dict[str, Any]) -> None:
+            await pool.execute(
+                _PLAIN_INSERT, uuid.uuid4(), "bench-model", "bench", "bench", "live", payload
+            )
+
+        async def queue(payload: dict[str, Any]) -> None:
+            await client.queue.insert(payload, kind="bench_single")
+
+        steps: list[tuple[str, Callable[[dict[str, Any]], Awaitable[None]]]] = [
+            ("submit", submit),
+            ("plain", plain),
+            ("queue", queue),
+        ]
+        for n in range(warmup + samples):
+            payload = {"prompt": "a cat", "n": n}
+            # Rotated each round, so neither write always follows the other.
+            for name, step in steps[n % 3 :] + steps[: n % 3]:
+                started = trio.current_time()
+                await step(payload)
+                if n >= warmup:
+                    times[name].append((trio.current_time() - started) * 1000)
+    return times
+
+
 async def run_tasks_bench(admin_url: str, *, quick: bool = False) -> dict[str, float]:
     """Run the task figures on fresh databases on ``admin_url``'s server."""
     count = 1000 if quick else 10_000
     results: dict[str, float] = {}
+    async with BenchDatabase(admin_url) as db:
+        single = await _single_writes(db.urls.tasks, 60 if quick else 600, 20 if quick else 100)
+    plain_p50 = percentile(single["plain"], 50)
+    results["submit_one_p50_ms"] = round(percentile(single["submit"], 50), 3)
+    results["submit_one_p99_ms"] = round(percentile(single["submit"], 99), 3)
+    results["plain_insert_p50_ms"] = round(plain_p50, 3)
+    results["plain_insert_p99_ms"] = round(percentile(single["plain"], 99), 3)
+    results["submit_to_plain_ratio"] = round(percentile(single["submit"], 50) / plain_p50, 3)
+    results["queue_insert_p50_ms"] = round(percentile(single["queue"], 50), 3)
+    results["queue_to_plain_ratio"] = round(percentile(single["queue"], 50) / plain_p50, 3)
     async with BenchDatabase(admin_url) as db:
         rate, submit_rate, trips, not_succeeded = await _tasks(db.urls.tasks, count, 600)
     results["tasks_per_s"] = round(rate, 1)

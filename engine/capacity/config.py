@@ -71,9 +71,10 @@ class WorkerConfig:
     )
     enqueue_rollback_timeout: float = setting(
         5.0,
-        "Seconds a failed enqueue transaction (submit, recovery re-enqueue, admission, "
-        "`tasks retry`) gets to roll back, shielded from the cancellation that may have caused "
-        "the failure; past it the connection is dropped, which also ends the transaction.",
+        "Seconds a failed enqueue (recovery re-enqueue, admission, `tasks retry`: their "
+        "transaction's rollback; a submit: its one statement's cancellation) gets to end, "
+        "shielded from the cancellation that may have caused the failure; past it the "
+        "connection is dropped, which also ends the transaction.",
         number(gt=0),
     )
     capacity: Literal["registry", "fixed"] = setting(

@@ -16,12 +16,12 @@ import trio
 
 from engine.capacity.room import ShutdownPolicy
 from engine.config import EngineConfig
-from engine.db.bridge import Connection
+from engine.db.bridge import Connection, call
 from engine.db.channels import CATALOG, TASK_CANCEL
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Task, TaskEvent, TaskRequest, TaskStatus
-from engine.errors import TaskNotFound
+from engine.errors import DatabaseError, TaskNotFound
 from engine.load.controller import LoadController
 from engine.metrics import Metrics
 from engine.providers.base import Provider
@@ -53,6 +53,21 @@ _GROUP_UPSERT = QUERIES["group_upsert"]
 def _check_interval(rate_interval: float) -> None:
     if not 0 < rate_interval < float("inf"):
         raise ValueError(f"rate_interval must be a positive number of seconds: {rate_interval!r}")
+
+
+async def _settle(conn: Connection, timeout: float) -> None:
+    """After a statement interrupted in flight (a cancellation): wait, shielded and at most
+    ``timeout`` seconds, until the server has acknowledged the cancel asyncpg sent (its next
+    statement waits for that); past it the connection is dropped, so that it never goes back to
+    the pool mid-statement, as a failed transaction's rollback does (``Connection.transaction``).
+    """
+    with trio.move_on_after(timeout, shield=True) as scope:
+        try:
+            await call(conn.raw.execute, "SELECT 1")
+        except DatabaseError:
+            pass  # the interruption is the error worth raising
+    if scope.cancelled_caught:
+        conn.raw.terminate()
 
 
 class Engine:
@@ -127,21 +142,34 @@ class Engine:
     async def submit(
         self, request: TaskRequest | Sequence[TaskRequest]
     ) -> uuid.UUID | list[uuid.UUID]:
-        """Validate and store one task or many (one transaction); return their ids.
+        """Validate and store one task or many, atomically; return their ids.
+
+        One round trip: the tasks, their jobs and their first events are written by a single
+        statement, its own transaction (:func:`~engine.tasks.submit.submit_tasks`).
 
         Raises:
             InvalidTask: any request was invalid; nothing was stored.
         """
         requests = [request] if isinstance(request, TaskRequest) else list(request)
-        rollback_timeout = self.config.worker.enqueue_rollback_timeout
-        async with self.db.tasks.transaction(rollback_timeout=rollback_timeout) as conn:
-            await self.submit_tx(conn, requests)
+        async with self.db.tasks.acquire() as conn:
+            try:
+                await self.submit_tx(conn, requests)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    await _settle(conn, self.config.worker.enqueue_rollback_timeout)
+                raise
         ids = [r.id for r in requests]
         return ids[0] if isinstance(request, TaskRequest) else ids
 
     async def submit_tx(self, conn: Connection, requests: Sequence[TaskRequest]) -> None:
         """Store ``requests`` inside the caller's transaction on ``conn`` (a connection to
-        the tasks database): the tasks exist, and run, only if that transaction commits."""
+        the tasks database): the tasks exist, and run, only if that transaction commits.
+
+        Raises:
+            InvalidTask: any request was invalid; nothing was stored, and the caller's
+                transaction can go on.
+        """
+        # One statement either way: without a transaction open on conn it is its own.
         await submit_tasks(
             conn,
             requests,
@@ -149,9 +177,6 @@ class Engine:
             tasks=self.config.tasks,
             instance_id=self.instance_id,
             notify_channel=self.queue.channels.insert,
-            # A separate catalogue pool only when it is another database: asking the same pool
-            # for a second connection while holding one can exhaust it under load.
-            catalog=None if self.db.coordination is self.db.tasks else self.db.coordination,
         )
 
     # ---- reading -------------------------------------------------------------------------

@@ -1,8 +1,13 @@
-"""Submitting tasks: validate everything first, then store the task and its job atomically.
+"""Submitting tasks: validate everything first, then store the tasks and their jobs in one
+statement.
 
-Validation happens before anything is written, and one bad request rejects the whole call with
-an :class:`~engine.errors.InvalidTask` naming every problem, so nothing is half-stored. The task
-rows and their jobs are written in one transaction, or in the caller's.
+The checks Python can make (fields, payloads, ids) come before any round trip, and one bad
+request rejects the whole call with an :class:`~engine.errors.InvalidTask` naming every problem,
+so nothing is half-stored. The catalogue check (each model known and enabled), the jobs, the
+tasks and their first events are then one statement (``task_submit_many``, or
+``task_submit_one`` for a single request): atomic as any statement is, on its own (one round
+trip, its own transaction) or in the caller's transaction. When a model fails the check that
+statement writes nothing and says which requests failed.
 """
 
 from __future__ import annotations
@@ -11,21 +16,24 @@ import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from engine.db.bridge import Connection, Pool
+from engine.db.bridge import Connection
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Identity, TaskRequest
 from engine.errors import InvalidTask
 from engine.queue.config import QueueConfig
+from engine.queue.insert import InsertParams
+from engine.queue.notifier import insert_payload
+from engine.queue.states import JobState
 from engine.tasks.config import TasksConfig
-from engine.tasks.jobs import TaskJob, insert_task_jobs
+from engine.tasks.jobs import TaskJob
 from engine.tasks.jsoncheck import bad_character, json_problem
 
-__all__ = ["submit_tasks", "validate_requests"]
+__all__ = ["submit_statement", "submit_tasks", "validate_requests"]
 
-_MODELS = QUERIES["model_get_many"]
-_INSERT = QUERIES["task_insert_many"]
+_SUBMIT_ONE = QUERIES["task_submit_one"]
+_SUBMIT_MANY = QUERIES["task_submit_many"]
 
 #: The catalogue's limit on model names (engine_model.name).
 _MODEL_MAX = 200
@@ -88,32 +96,23 @@ def _request_problems(request: TaskRequest, tasks: TasksConfig, n: int) -> list[
     return problems
 
 
-async def validate_requests(
-    catalog: Pool | Connection, requests: Sequence[TaskRequest], tasks: TasksConfig
-) -> list[str]:
-    """Check every request; return the payload texts, raising InvalidTask on any problem.
+def validate_requests(requests: Sequence[TaskRequest], tasks: TasksConfig) -> list[str]:
+    """Check every request in Python; return the payload texts, raising InvalidTask on any
+    problem.
 
     Everything a database would refuse, or that could never run, is caught here, before
-    anything is written, as a permanent error: lengths (``tasks.max_field_length``, the
+    anything is sent, as a permanent error: lengths (``tasks.max_field_length``, the
     catalogue's 200 for model names), NUL characters and lone surrogates, payload depth
-    (``tasks.max_payload_depth``) and size (``tasks.max_payload_bytes``), ids, ``run_at``.
+    (``tasks.max_payload_depth``) and size (``tasks.max_payload_bytes``), ids (two requests
+    with one id), ``run_at``. Whether each model is known and enabled is checked by the
+    statement that stores them (:func:`submit_tasks`).
     """
     problems: list[str] = []
     payloads: list[str] = []
     for n, request in enumerate(requests):
         problems += _request_problems(request, tasks, n)
         payloads.append(_payload_text(request, tasks, problems, n))
-    if problems:
-        _reject(problems)
-    names = sorted({r.model for r in requests})
-    rows = {r["name"]: r for r in await catalog.fetch(_MODELS, names)}
-    for n, request in enumerate(requests):
-        row = rows.get(request.model)
-        if row is None:
-            problems.append(f"request {n}: unknown model {request.model!r}")
-        elif not row["enabled"]:
-            problems.append(f"request {n}: model {request.model!r} is disabled")
-    if len({r.id for r in requests}) != len(requests):
+    if not problems and len({r.id for r in requests}) != len(requests):
         problems.append("two requests have the same id")
     if problems:
         _reject(problems)
@@ -125,6 +124,63 @@ def _reject(problems: list[str]) -> NoReturn:
     raise InvalidTask("task rejected; nothing was stored:\n  - " + "\n  - ".join(shown))
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _job_columns(jobs: Sequence[InsertParams]) -> list[list[Any]]:
+    """``job_insert_many``'s column arrays for ``jobs``, built as :mod:`engine.queue.insert`
+    builds them (a test compares the rows the two paths store)."""
+    return [
+        [p.kind for p in jobs],
+        [_dumps(p.args) for p in jobs],
+        [p.queue for p in jobs],
+        [p.priority for p in jobs],
+        [p.max_attempts for p in jobs],
+        [p.scheduled_at for p in jobs],
+        [p.state.value for p in jobs],
+        [_dumps(list(p.tags)) for p in jobs],
+        [_dumps(dict(p.metadata)) for p in jobs],
+        [p.unique_key for p in jobs],
+        [p.unique_states for p in jobs],
+    ]
+
+
+def submit_statement(
+    requests: Sequence[TaskRequest],
+    payloads: Sequence[str],
+    *,
+    queue: QueueConfig,
+    instance_id: str,
+    notify_channel: str | None,
+) -> tuple[str, list[Any]]:
+    """The statement that stores validated ``requests`` (with their payload texts, from
+    :func:`validate_requests`), and its parameters: ``task_submit_one`` for one request,
+    ``task_submit_many`` for more (the same statement over arrays)."""
+    jobs = [TaskJob(r.id, r.model, r.run_mode, r.run_at).params(queue) for r in requests]
+    # The statement finds each task's job by its unique key (see task_submit_many).
+    assert all(p.unique_key is not None for p in jobs)
+    available = [p.queue for p in jobs if p.state is JobState.AVAILABLE]
+    notify = (
+        [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel is not None else []
+    )
+    task_columns: list[list[Any]] = [
+        [r.id for r in requests],
+        [r.model for r in requests],
+        [r.group_key for r in requests],
+        [r.identity.as_dict() for r in requests],
+        [r.run_mode.value for r in requests],
+        list(payloads),
+        [r.run_at for r in requests],
+    ]
+    job_columns = _job_columns(jobs)
+    if len(requests) == 1:
+        job_columns = [column[0] for column in job_columns]
+        task_columns = [column[0] for column in task_columns]
+    query = _SUBMIT_ONE if len(requests) == 1 else _SUBMIT_MANY
+    return query, [*job_columns, notify_channel or "", notify, *task_columns, instance_id]
+
+
 async def submit_tasks(
     conn: Connection,
     requests: Sequence[TaskRequest],
@@ -133,29 +189,28 @@ async def submit_tasks(
     tasks: TasksConfig,
     instance_id: str,
     notify_channel: str | None = None,
-    catalog: Pool | None = None,
 ) -> None:
-    """Validate, then store ``requests`` and their jobs on ``conn`` inside a transaction the
-    caller holds (the task rows point at their jobs, which are unique per task). Models are
-    looked up in ``catalog`` (the coordination database) when given, else on ``conn``."""
+    """Validate, then store ``requests`` and their jobs on ``conn`` in one statement (the task
+    rows point at their jobs, which are unique per task; a live job of the same task is kept).
+
+    On a connection with no transaction open the statement is its own transaction: one round
+    trip. Inside the caller's transaction the tasks exist only if it commits.
+
+    Raises:
+        InvalidTask: a request is invalid, or names a model that is unknown or disabled;
+            nothing was stored.
+    """
     if not requests:
         return
-    payloads = await validate_requests(catalog or conn, requests, tasks)
-    jobs = await insert_task_jobs(
-        conn,
-        [TaskJob(r.id, r.model, r.run_mode, r.run_at) for r in requests],
-        queue=queue,
-        notify_channel=notify_channel,
+    payloads = validate_requests(requests, tasks)
+    query, args = submit_statement(
+        requests, payloads, queue=queue, instance_id=instance_id, notify_channel=notify_channel
     )
-    await conn.execute(
-        _INSERT,
-        [r.id for r in requests],
-        [r.model for r in requests],
-        [r.group_key for r in requests],
-        [r.identity.as_dict() for r in requests],
-        [r.run_mode.value for r in requests],
-        payloads,
-        [r.run_at for r in requests],
-        [j.job.id for j in jobs],
-        instance_id,
-    )
+    row = await conn.fetchrow(query, *args)
+    assert row is not None
+    found = {n: "unknown model {!r}" for n in row["unknown"]}
+    found.update({n: "model {!r} is disabled" for n in row["disabled"]})
+    if found:
+        _reject(
+            [f"request {n - 1}: " + found[n].format(requests[n - 1].model) for n in sorted(found)]
+        )

@@ -12,6 +12,10 @@ import trio
 from engine.db.bridge import Connection
 from engine.db.database import Database
 from engine.db.sqlfiles import QUERIES
+from engine.domain.tasks import Identity, RunMode, TaskRequest
+from engine.queue.config import QueueConfig
+from engine.tasks.config import TasksConfig
+from engine.tasks.submit import submit_statement, validate_requests
 from engine.testing.factories import make_task
 from engine_tests.plans import PLAN_MODES, explain_prepared
 
@@ -85,6 +89,59 @@ async def test_batched_task_writes_use_the_primary_key_on_100k_rows(
     text = json.dumps(plan)
     assert "engine_task_pkey" in text, text
     assert '"Seq Scan"' not in text, text
+
+
+def _as_literal(value: object) -> object:
+    """A submission argument in the form :func:`~engine_tests.plans.literal` renders."""
+    if isinstance(value, list):
+        return [_as_literal(v) for v in value]
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+@pytest.mark.parametrize("count", [1, 50])
+async def test_submission_probes_the_catalogue_by_primary_key(
+    conn: Connection, mode: str, count: int
+) -> None:
+    # A large catalogue and a large queue, analyzed: one submission (the hot case) or a batch
+    # looks each model up by its key and finds live duplicates through River's unique index.
+    await conn.execute(
+        """
+        INSERT INTO engine_model (name) SELECT 'm' || i FROM generate_series(1, 20000) AS i;
+        INSERT INTO river_job (kind, args, queue, state, finalized_at, max_attempts)
+        SELECT 'k', '{}', 'default', 'completed', now(), 25 FROM generate_series(1, 100000);
+        ANALYZE engine_model;
+        ANALYZE river_job;
+        """
+    )
+    identity = Identity(tenant_id="t", user_id="u")
+    later = datetime.now(UTC)
+    requests = [
+        TaskRequest(
+            model=f"m{n + 1}",
+            payload={"n": n},
+            identity=identity,
+            run_mode=RunMode.LIVE if n % 2 else RunMode.SIMULATION,
+            run_at=later if n % 3 == 0 else None,
+        )
+        for n in range(count)
+    ]
+    payloads = validate_requests(requests, TasksConfig())
+    query, args = submit_statement(
+        requests, payloads, queue=QueueConfig(), instance_id="i", notify_channel="ch"
+    )
+    assert query == QUERIES["task_submit_one" if count == 1 else "task_submit_many"]
+    plan = await explain_prepared(conn, query, [_as_literal(a) for a in args], mode)
+    text = json.dumps(plan)
+    assert "engine_model_pkey" in text, text
+    assert '"Seq Scan"' not in text, text
+    assert '"Conflict Arbiter Indexes": ["river_job_unique_idx"]' in text, text
 
 
 async def test_concurrent_batches_over_the_same_tasks_never_deadlock(database: Database) -> None:
