@@ -22,7 +22,7 @@ _STATEMENT = re.compile(
     r"\b(?:NOTIFY|LISTEN|UNLISTEN)\s+(\"[^\"]+\"|[A-Za-z_][\w.$]*)", re.IGNORECASE
 )
 # A bind parameter: the channel comes from Python, which imports it from engine.db.channels.
-_PARAMETER = re.compile(r"\$\d+")
+_PARAMETER = re.compile(r"\$\d+(::text)?")  # a parameter, perhaps cast to text
 
 
 def sql_channel_problems(text: str) -> list[str]:
