@@ -14,33 +14,10 @@
 -- could deadlock. `id = ANY($1)` keeps both scans on the primary key however large the table
 -- grows (a join with unnest alone lets the planner choose a sequential scan).
 
--- name: task_submit_many
--- Submit tasks in one statement, its own transaction when sent alone: check their models, insert
--- their jobs, then the tasks pointing at them with their first event (task.queued). When any
--- model is unknown or disabled nothing is written and nothing notified, and the row names those
--- requests. The jobs go in exactly as job_insert_many puts them (a River client shares
--- river_job): a live job with the same unique key is kept and returned (the task points at it),
--- and the NOTIFY rides in the same statement. Every task job has a unique key (unique by task
--- id), which is how each task finds its job among the rows the insert returns.
--- The job columns as job_insert_many: $1 kind[], $2 args jsonb-as-text[], $3 queue[],
--- $4 priority[], $5 max_attempts[], $6 scheduled_at[] (NULL = now), $7 state[], $8 tags text[]
--- as JSON text[], $9 metadata text[], $10 unique_key bytea[], $11 unique_states text[],
--- $12 notify channel, $13 notify payloads text[]; the task columns: $14 id[], $15 model[],
--- $16 group_key[], $17 identity jsonb[] (an object with the identity columns), $18 run_mode[],
--- $19 payload JSON text[], $20 next_run_at[] (NULL = now), $21 instance id. Returns one row: stored (the tasks
--- written), unknown and disabled (the 1-based positions of the requests whose model is unknown,
--- or disabled).
-WITH input AS MATERIALIZED (
-    SELECT *
-    FROM unnest(
-        $1::text[], $2::text[], $3::text[], $4::smallint[], $5::smallint[],
-        $6::timestamptz[], $7::river_job_state[], $8::text[], $9::text[], $10::bytea[], $11::text[],
-        $14::uuid[], $15::text[], $16::text[], $17::jsonb[], $18::text[], $19::text[],
-        $20::timestamptz[]
-    ) WITH ORDINALITY AS i(kind, args, queue, priority, max_attempts, scheduled_at, state, tags,
-                           metadata, unique_key, unique_states, id, model, group_key, identity,
-                           run_mode, payload, next_run_at, ord)
-),
+-- fragment: task_submit_after_input
+-- What task_submit_many and task_submit_one do with their CTE ``input`` (one row per request):
+-- check the models, insert the jobs as job_insert_many does, the tasks and their first events,
+-- and NOTIFY; the statements differ only in how they read their input.
 problems AS MATERIALIZED (
     SELECT c.ord, c.enabled
     FROM (
@@ -52,22 +29,10 @@ problems AS MATERIALIZED (
     WHERE c.enabled IS NOT true
 ),
 jobs AS (
-    INSERT INTO river_job (
-        kind, args, queue, priority, max_attempts, scheduled_at, state, tags, metadata,
-        unique_key, unique_states
-    )
-    SELECT kind, args::jsonb, queue, priority, max_attempts, coalesce(scheduled_at, now()), state,
-           ARRAY(SELECT jsonb_array_elements_text(tags::jsonb))::varchar(255)[],
-           metadata::jsonb, unique_key, unique_states::bit(8)
-    FROM input
+    {{river_job_insert_from_input}}
     WHERE NOT EXISTS (SELECT 1 FROM problems)
     ORDER BY ord
-    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL
-          AND unique_states IS NOT NULL
-          AND river_job_state_in_bitmask(unique_states, state)
-        -- A no-op update so RETURNING yields the existing row (as job_insert_many).
-        DO UPDATE SET kind = EXCLUDED.kind
+    {{river_job_keep_live_duplicate}}
     RETURNING river_job.id, river_job.unique_key
 ),
 tasks AS (
@@ -105,10 +70,39 @@ SELECT (SELECT count(*) FROM tasks) AS stored,
        ARRAY(SELECT p.ord FROM problems p WHERE NOT p.enabled ORDER BY p.ord) AS disabled
 FROM notified;
 
+-- name: task_submit_many
+-- Submit tasks in one statement, its own transaction when sent alone: check their models, insert
+-- their jobs, then the tasks pointing at them with their first event (task.queued). When any
+-- model is unknown or disabled nothing is written and nothing notified, and the row names those
+-- requests. The jobs go in exactly as job_insert_many puts them (a River client shares
+-- river_job): a live job with the same unique key is kept and returned (the task points at it),
+-- and the NOTIFY rides in the same statement. Every task job has a unique key (unique by task
+-- id), which is how each task finds its job among the rows the insert returns.
+-- The job columns as job_insert_many: $1 kind[], $2 args jsonb-as-text[], $3 queue[],
+-- $4 priority[], $5 max_attempts[], $6 scheduled_at[] (NULL = now), $7 state[], $8 tags text[]
+-- as JSON text[], $9 metadata text[], $10 unique_key bytea[], $11 unique_states text[],
+-- $12 notify channel, $13 notify payloads text[]; the task columns: $14 id[], $15 model[],
+-- $16 group_key[], $17 identity jsonb[] (an object with the identity columns), $18 run_mode[],
+-- $19 payload JSON text[], $20 next_run_at[] (NULL = now), $21 instance id. Returns one row: stored (the tasks
+-- written), unknown and disabled (the 1-based positions of the requests whose model is unknown,
+-- or disabled).
+WITH input AS MATERIALIZED (
+    SELECT *
+    FROM unnest(
+        $1::text[], $2::text[], $3::text[], $4::smallint[], $5::smallint[],
+        $6::timestamptz[], $7::river_job_state[], $8::text[], $9::text[], $10::bytea[], $11::text[],
+        $14::uuid[], $15::text[], $16::text[], $17::jsonb[], $18::text[], $19::text[],
+        $20::timestamptz[]
+    ) WITH ORDINALITY AS i(kind, args, queue, priority, max_attempts, scheduled_at, state, tags,
+                           metadata, unique_key, unique_states, id, model, group_key, identity,
+                           run_mode, payload, next_run_at, ord)
+),
+{{task_submit_after_input}}
+
 -- name: task_submit_one
 -- task_submit_many for one request, with the same parameters as scalars ($12 and $13 as there):
--- the statement a single submit sends. Below its input it is task_submit_many word for word (a
--- test holds them equal). Why a second statement: PostgreSQL plans a prepared statement over
+-- the statement a single submit sends. Below its input it is task_submit_many word for word (the
+-- same fragment). Why a second statement: PostgreSQL plans a prepared statement over
 -- unnest($n) anew on every run (a generic plan counts ten rows per array and always looks dearer
 -- than a custom one), which costs a single submit as much as its execution does; with scalars
 -- the generic plan is as cheap, so it is planned once per connection (docs/benchmarks.md).
@@ -121,69 +115,7 @@ WITH input AS MATERIALIZED (
            $18::text AS run_mode, $19::text AS payload, $20::timestamptz AS next_run_at,
            1::bigint AS ord
 ),
-problems AS MATERIALIZED (
-    SELECT c.ord, c.enabled
-    FROM (
-        -- A correlated scalar lookup: one primary-key probe per request, whatever the size of
-        -- the catalogue (see task_lease_claim_many).
-        SELECT i.ord, (SELECT m.enabled FROM engine_model m WHERE m.name = i.model) AS enabled
-        FROM input i
-    ) c
-    WHERE c.enabled IS NOT true
-),
-jobs AS (
-    INSERT INTO river_job (
-        kind, args, queue, priority, max_attempts, scheduled_at, state, tags, metadata,
-        unique_key, unique_states
-    )
-    SELECT kind, args::jsonb, queue, priority, max_attempts, coalesce(scheduled_at, now()), state,
-           ARRAY(SELECT jsonb_array_elements_text(tags::jsonb))::varchar(255)[],
-           metadata::jsonb, unique_key, unique_states::bit(8)
-    FROM input
-    WHERE NOT EXISTS (SELECT 1 FROM problems)
-    ORDER BY ord
-    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL
-          AND unique_states IS NOT NULL
-          AND river_job_state_in_bitmask(unique_states, state)
-        -- A no-op update so RETURNING yields the existing row (as job_insert_many).
-        DO UPDATE SET kind = EXCLUDED.kind
-    RETURNING river_job.id, river_job.unique_key
-),
-tasks AS (
-    INSERT INTO engine_task (
-        id, model, group_key, tenant_id, gateway_tenant_id, tenant_key, user_id,
-        gateway_user_id, user_source, user_group_id, api_key_id, api_key_name, api_key_prefix,
-        run_mode, payload, next_run_at, river_job_id
-    )
-    SELECT i.id, i.model, i.group_key,
-           i.identity ->> 'tenant_id', i.identity ->> 'gateway_tenant_id',
-           i.identity ->> 'tenant_key', i.identity ->> 'user_id',
-           i.identity ->> 'gateway_user_id', i.identity ->> 'user_source',
-           i.identity ->> 'user_group_id', i.identity ->> 'api_key_id',
-           i.identity ->> 'api_key_name', i.identity ->> 'api_key_prefix',
-           i.run_mode, i.payload::jsonb, coalesce(i.next_run_at, now()), j.id
-    FROM input i
-    JOIN jobs j ON j.unique_key = i.unique_key
-    ORDER BY i.ord
-    RETURNING id, run_mode
-),
-events AS (
-    INSERT INTO engine_task_event (task_id, type, status, progress, message, simulated,
-                                   instance_id)
-    SELECT id, 'task.queued', 'queued', 0, 'task submitted', run_mode = 'simulation', $21::text
-    FROM tasks
-),
-notified AS (
-    SELECT count(pg_notify($12::text, payload)) AS n
-    FROM unnest($13::text[]) AS payload
-    WHERE NOT EXISTS (SELECT 1 FROM problems)
-)
--- notified is one row, always: FROM it, so its NOTIFY runs (a data-modifying CTE runs anyway).
-SELECT (SELECT count(*) FROM tasks) AS stored,
-       ARRAY(SELECT p.ord FROM problems p WHERE p.enabled IS NULL ORDER BY p.ord) AS unknown,
-       ARRAY(SELECT p.ord FROM problems p WHERE NOT p.enabled ORDER BY p.ord) AS disabled
-FROM notified;
+{{task_submit_after_input}}
 
 -- name: task_get
 -- One task by id. $1 id.

@@ -1,5 +1,27 @@
 -- Table river_job: River's job rows. Hot queries (claim, complete) are guarded by EXPLAIN tests.
 
+-- fragment: river_job_insert_from_input
+-- The rows of a CTE ``input`` (River's insert columns, as job_insert_many's parameters give
+-- them) made into river_job rows: every statement that inserts jobs writes them so.
+INSERT INTO river_job (
+    kind, args, queue, priority, max_attempts, scheduled_at, state, tags, metadata,
+    unique_key, unique_states
+)
+SELECT kind, args::jsonb, queue, priority, max_attempts, coalesce(scheduled_at, now()), state,
+       ARRAY(SELECT jsonb_array_elements_text(tags::jsonb))::varchar(255)[],
+       metadata::jsonb, unique_key, unique_states::bit(8)
+FROM input
+
+-- fragment: river_job_keep_live_duplicate
+-- River's unique insert: a job whose unique key a live job (one in its unique states) already
+-- holds is not inserted; the partial unique index decides.
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND unique_states IS NOT NULL
+      AND river_job_state_in_bitmask(unique_states, state)
+    -- A no-op update so RETURNING yields the existing row; xmax != 0 marks it a duplicate.
+    DO UPDATE SET kind = EXCLUDED.kind
+
 -- name: job_insert_many
 -- Insert jobs in one statement, skipping live duplicates by unique key, and NOTIFY in the same
 -- statement when any inserted job is available. Returns the inserted row or, on a unique
@@ -17,21 +39,9 @@ WITH input AS (
                            metadata, unique_key, unique_states, ord)
 ),
 inserted AS (
-    INSERT INTO river_job (
-        kind, args, queue, priority, max_attempts, scheduled_at, state, tags, metadata,
-        unique_key, unique_states
-    )
-    SELECT kind, args::jsonb, queue, priority, max_attempts, coalesce(scheduled_at, now()), state,
-           ARRAY(SELECT jsonb_array_elements_text(tags::jsonb))::varchar(255)[],
-           metadata::jsonb, unique_key, unique_states::bit(8)
-    FROM input
+    {{river_job_insert_from_input}}
     ORDER BY ord
-    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL
-          AND unique_states IS NOT NULL
-          AND river_job_state_in_bitmask(unique_states, state)
-        -- A no-op update so RETURNING yields the existing row; xmax != 0 marks it a duplicate.
-        DO UPDATE SET kind = EXCLUDED.kind
+    {{river_job_keep_live_duplicate}}
     RETURNING river_job.*, (xmax != 0) AS skipped
 ),
 notified AS (
