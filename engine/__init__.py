@@ -16,10 +16,10 @@ nursery.start(engine.serve, config, providers=...)`` does the same in a nursery 
 embedding app's tests a real database and a running engine.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from engine._version import __version__ as __version__
+from engine.lazy import LazyExports
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig as EngineConfig
@@ -124,16 +124,14 @@ __all__ = [
 ]
 
 
+_EXPORTS = LazyExports(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
     """Load a public name on first use (``engine.Engine``, ``from engine import open``)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _EXPORTS.load(name)
 
 
 def __dir__() -> list[str]:
     """The module's names, the lazy ones included."""
-    return sorted({*globals(), *__all__})
+    return _EXPORTS.names(__all__)

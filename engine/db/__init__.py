@@ -17,8 +17,9 @@ or ``engine.db.DatabaseUrls.single(url)`` for a URL in hand. The names load on f
 importing a lower module of this package (``engine.db.config``) does not load the driver.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from engine.lazy import LazyExports
 
 if TYPE_CHECKING:
     from engine.db.bridge import Connection as Connection
@@ -57,16 +58,14 @@ __all__ = [
 ]
 
 
+_EXPORTS = LazyExports(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
     """Load a public name on first use (``engine.db.open_database``)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'engine.db' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _EXPORTS.load(name)
 
 
 def __dir__() -> list[str]:
     """The module's names, the lazy ones included."""
-    return sorted({*globals(), *__all__})
+    return _EXPORTS.names(__all__)

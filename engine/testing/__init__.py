@@ -15,8 +15,9 @@ submit paths (docs/testing.md walks through a whole example).
   :mod:`engine.testing.server`.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from engine.lazy import LazyExports
 
 if TYPE_CHECKING:
     from engine.testing.assertions import all_submitted as all_submitted
@@ -87,16 +88,14 @@ __all__ = [
 ]
 
 
+_EXPORTS = LazyExports(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
     """Load a name of the kit on first use (``engine.testing.drain``)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'engine.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _EXPORTS.load(name)
 
 
 def __dir__() -> list[str]:
     """The package's names, the lazy ones included."""
-    return sorted({*globals(), *__all__})
+    return _EXPORTS.names(__all__)
