@@ -320,19 +320,27 @@ class Connection:
         except BaseException:
             # Also after a cancelled BEGIN, which the server may have run (a ROLLBACK with no
             # transaction open is only a notice).
-            with trio.move_on_after(rollback_timeout, shield=True) as scope:
-                try:
-                    await call(self.raw.execute, rollback)
-                except DatabaseError:
-                    pass  # the original error is the one worth raising
-            if scope.cancelled_caught:
-                self.raw.terminate()
+            await self.settle(rollback, rollback_timeout)
             raise
         with trio.CancelScope(shield=True):
             with trio.move_on_after(RELEASE_TIMEOUT) as scope:
                 await call(self.raw.execute, commit)
         if scope.cancelled_caught:
             raise ConnectionLost(f"commit did not finish within {RELEASE_TIMEOUT} s")
+
+    async def settle(self, sql: str, timeout: float) -> None:
+        """After a failed or interrupted statement: run ``sql`` (a ``ROLLBACK``, or any short
+        statement, which waits until the server has acknowledged the cancel asyncpg sent),
+        shielded and for at most ``timeout`` seconds; past it the connection is terminated, so
+        it never goes back to a pool mid-statement or with a transaction open. A database error
+        of ``sql`` is swallowed: the failure that brought us here is the one worth raising."""
+        with trio.move_on_after(timeout, shield=True) as scope:
+            try:
+                await call(self.raw.execute, sql)
+            except DatabaseError:
+                pass
+        if scope.cancelled_caught:
+            self.raw.terminate()
 
     async def close(self) -> None:
         """Close the connection, shielded and bounded."""

@@ -16,12 +16,12 @@ import trio
 
 from engine.capacity.room import ShutdownPolicy
 from engine.config import EngineConfig
-from engine.db.bridge import Connection, call
+from engine.db.bridge import Connection
 from engine.db.channels import CATALOG, TASK_CANCEL
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Task, TaskEvent, TaskRequest, TaskStatus
-from engine.errors import DatabaseError, TaskNotFound
+from engine.errors import TaskNotFound
 from engine.load.controller import LoadController
 from engine.metrics import Metrics
 from engine.providers.base import Provider
@@ -53,21 +53,6 @@ _GROUP_UPSERT = QUERIES["group_upsert"]
 def _check_interval(rate_interval: float) -> None:
     if not 0 < rate_interval < float("inf"):
         raise ValueError(f"rate_interval must be a positive number of seconds: {rate_interval!r}")
-
-
-async def _settle(conn: Connection, timeout: float) -> None:
-    """After a statement interrupted in flight (a cancellation): wait, shielded and at most
-    ``timeout`` seconds, until the server has acknowledged the cancel asyncpg sent (its next
-    statement waits for that); past it the connection is dropped, so that it never goes back to
-    the pool mid-statement, as a failed transaction's rollback does (``Connection.transaction``).
-    """
-    with trio.move_on_after(timeout, shield=True) as scope:
-        try:
-            await call(conn.raw.execute, "SELECT 1")
-        except DatabaseError:
-            pass  # the interruption is the error worth raising
-    if scope.cancelled_caught:
-        conn.raw.terminate()
 
 
 class Engine:
@@ -156,7 +141,9 @@ class Engine:
                 await self.submit_tx(conn, requests)
             except BaseException as exc:
                 if not isinstance(exc, Exception):
-                    await _settle(conn, self.config.worker.enqueue_rollback_timeout)
+                    # Interrupted in flight: the server may still run it; wait for its answer
+                    # to the cancel (bounded) before the connection goes back to the pool.
+                    await conn.settle("SELECT 1", self.config.worker.enqueue_rollback_timeout)
                 raise
         ids = [r.id for r in requests]
         return ids[0] if isinstance(request, TaskRequest) else ids
