@@ -77,18 +77,23 @@ async def _listeners(direct: Connection) -> int:
 async def _sample_while(
     busy: Callable[[], Awaitable[None]], sample: Callable[[], Awaitable[int]]
 ) -> tuple[int, int]:
-    """Run ``busy``, calling ``sample`` every 20 ms meanwhile; (samples, highest value)."""
+    """Run ``busy``, calling ``sample`` every 5 ms meanwhile; (samples, highest value).
+
+    The first sample is taken before ``busy`` starts its work, so at least one is taken
+    however quickly ``busy`` finishes."""
     highest = samples = 0
     async with trio.open_nursery() as nursery:
 
-        async def sampler() -> None:
+        async def sampler(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             nonlocal highest, samples
             while True:
                 highest = max(highest, await sample())
                 samples += 1
-                await trio.sleep(0.02)
+                if samples == 1:
+                    task_status.started()
+                await trio.sleep(0.005)
 
-        nursery.start_soon(sampler)
+        await nursery.start(sampler)
         await busy()
         nursery.cancel_scope.cancel()
     return samples, highest
@@ -135,7 +140,7 @@ async def test_tasks_run_through_pgbouncer_on_fewer_server_connections(
     assert statuses == {TaskStatus.SUCCEEDED}
     # More client connections than server connections, all busy at once: PgBouncer
     # multiplexed them (it never opens more than SERVER_CONNECTIONS).
-    assert samples > 5 and 1 <= most <= SERVER_CONNECTIONS, (samples, most)
+    assert samples >= 2 and 1 <= most <= SERVER_CONNECTIONS, (samples, most)
     if listen:
         assert listeners == 1  # the process's one LISTEN connection, on listen_url
     else:
