@@ -118,6 +118,7 @@ class Rescuer:
                 cfg.recovery.batch_size,
                 self.instance_id,
                 live,
+                dead,
             )
             orphans = len(rescued)
         reenqueued = await self.reenqueue()

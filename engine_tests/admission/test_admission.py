@@ -354,4 +354,50 @@ async def test_recovery_steps_on_crafted_rows(idle: Engine) -> None:
     # The requeued task resumes polling: it is never submitted again.
     await run_job(idle, dead)
     assert (await status(idle, dead)).status is TaskStatus.SUCCEEDED
+
+
+async def test_a_dead_instances_jobs_are_rescued_at_once_an_unknown_ones_only_when_old(
+    idle: Engine,
+) -> None:
+    """A job that just started on an instance the registry shows dead goes back at once, in its
+    old place in the queue (its task was already requeued: waiting out
+    ``recovery.stale_after`` from the claim only delays the resubmission). One that just
+    started on an instance the registry does not know may belong to one that has not
+    registered yet, so it waits until it is older than that."""
+    await idle.set_model("sim-model")
+    on_dead, on_unknown = await idle.submit([request() for _ in range(2)])
+    db = idle.db.tasks
+    await db.execute(
+        "INSERT INTO engine_worker_instance (instance_id, heartbeat_at, started_at)"
+        " VALUES ('dead-host:1:1', now() - interval '10 min', now() - interval '1 h')"
+    )
+    jobs = {}
+    for task_id, owner in ((on_dead, "dead-host:1:1"), (on_unknown, "new-host:1:1")):
+        jobs[task_id] = (await job_of(idle, task_id)).id
+        await db.execute(
+            "UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(),"
+            " attempted_by = ARRAY[$2 || '-exec-4-123'] WHERE id = $1",
+            jobs[task_id],
+            owner,
+        )
+    queued_at = (await idle.queue.get(jobs[on_dead])).scheduled_at  # type: ignore[union-attr]
+    rescuer = Rescuer(recovery_settings(idle.config), idle.db, "me:1:1")
+
+    async def state(task_id: uuid.UUID) -> str:
+        job = await idle.queue.get(jobs[task_id])
+        assert job is not None
+        return str(job.state.value)
+
+    assert (await rescuer.run_once()).orphaned_jobs == 1
+    assert await state(on_dead) == "available" and await state(on_unknown) == "running"
+    # Back in its old place in the queue, ahead of the jobs that came after it.
+    assert (await idle.queue.get(jobs[on_dead])).scheduled_at == queued_at  # type: ignore[union-attr]
+    stale_after = idle.config.recovery.stale_after
+    await db.execute(
+        "UPDATE river_job SET attempted_at = now() - make_interval(secs => $2 + 1) WHERE id = $1",
+        jobs[on_unknown],
+        stale_after,
+    )
+    assert (await rescuer.run_once()).orphaned_jobs == 1
+    assert await state(on_unknown) == "available"
     assert sim(idle).submissions == {}

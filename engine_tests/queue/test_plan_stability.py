@@ -105,7 +105,7 @@ _STATEMENTS: dict[str, tuple[list[object], tuple[str, ...]]] = {
         (),
     ),
     # Recovery looks for running jobs of a queue: walking those entries is its purpose.
-    "job_rescue_orphaned_many": (["default", 60.0, 100, "me", []], ("running",)),
+    "job_rescue_orphaned_many": (["default", 60.0, 100, "me", [], []], ("running",)),
     # The scheduler walks the scheduled and retryable entries.
     "job_schedule": ([None, 1000], ("retryable", "scheduled")),
 }

@@ -287,20 +287,27 @@ WHERE id = ANY($1::bigint[]) AND state::text = 'running'  -- by id, never by sta
 RETURNING id;
 
 -- name: job_rescue_orphaned_many
--- Running jobs of queue $1 whose execution is gone: started more than $2 seconds ago by
--- an instance (the prefix of the last attempted_by entry, "<instance>-exec-<capacity>-<nanos>")
--- that is not in $5 (instances with a live heartbeat, read from the registry by the caller),
--- and not running a task under a live execution lease either (an engine embedded in another
--- app runs without registering; its leases show it is alive). They go back to available now
--- without using an attempt. At most $3; never this process's own ($4). Returns the ids.
+-- Running jobs of queue $1 whose execution is gone: started by an instance (the prefix of the
+-- last attempted_by entry, "<instance>-exec-<capacity>-<nanos>") that is not in $5 (instances
+-- with a live heartbeat, read from the registry by the caller), and not running a task under a
+-- live execution lease either (an engine embedded in another app runs without registering; its
+-- leases show it is alive). A job of an instance in $6 (the registry shows it dead: it had a
+-- heartbeat, and it went stale) is taken at once; any other only once it started more than $2
+-- seconds ago, since its instance may be one that has not registered yet. They go back to
+-- available now without using an attempt, in their old place in the queue (their scheduled_at
+-- kept: an interrupted job resumes before the jobs that came after it). At most $3; never this
+-- process's own ($4). Returns the ids.
 WITH orphans AS (
     SELECT j.id
     FROM river_job j
+    CROSS JOIN LATERAL (
+        SELECT regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
+                              '-exec-[0-9]+-[0-9]+$', '') AS instance
+    ) AS a
     WHERE j.state = 'running'
       AND j.queue = $1
-      AND j.attempted_at < now() - make_interval(secs => $2)
-      AND NOT (regexp_replace(j.attempted_by[cardinality(j.attempted_by)],
-                              '-exec-[0-9]+-[0-9]+$', '') = ANY($5::text[] || $4::text))
+      AND NOT (a.instance = ANY($5::text[] || $4::text))
+      AND (a.instance = ANY($6::text[]) OR j.attempted_at < now() - make_interval(secs => $2))
       AND NOT EXISTS (
           SELECT 1 FROM engine_task t
           WHERE t.id::text = j.args ->> 'task_id'
@@ -309,11 +316,11 @@ WITH orphans AS (
       )
     ORDER BY j.id
     LIMIT $3
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE river_job j
 SET state = 'available',
-    scheduled_at = now(),
+    scheduled_at = least(j.scheduled_at, now()),
     attempt = greatest(j.attempt - 1, 0),
     metadata = j.metadata || jsonb_build_object(
         'orphan_recovered', coalesce((j.metadata ->> 'orphan_recovered')::int, 0) + 1)
