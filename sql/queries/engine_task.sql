@@ -11,8 +11,18 @@
 --
 -- Batched writes lock their rows in id order first (the `locked` CTE): concurrent batches over
 -- the same tasks (a lease renewal and a finish) would otherwise lock them in plan order and
--- could deadlock. `id = ANY($1)` keeps both scans on the primary key however large the table
--- grows (a join with unnest alone lets the planner choose a sequential scan).
+-- could deadlock. The update then finds each row from its input (`t.id = i.id`: a primary-key
+-- probe per input row) and refers to `locked` only through a condition without columns,
+-- `(SELECT count(*) FROM locked) > 0`, which PostgreSQL evaluates once, before the update
+-- reads a row. Joining `locked` itself, or adding `t.id = ANY($1)` beside the join with the
+-- input, let the generic plan (which guesses 10 rows for any array) rescan the CTE or the
+-- input for every row: quadratic in the batch, 57-92 ms instead of 12-19 ms for 600 rows.
+-- The conditions on the row itself are written so that no partial index can serve them: the
+-- fence as `i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token` (the same
+-- as `t.execution_token = i.token`, but not strict, so it does not imply the lease index's
+-- `execution_token IS NOT NULL`), and the status checks inside `(...) IS TRUE`. On statistics
+-- taken while nothing ran, the planner otherwise walks a partial index it believes almost
+-- empty (every live task) and reads the whole input again for each of them.
 
 -- fragment: task_submit_after_input
 -- What task_submit_many and task_submit_one do with their CTE ``input`` (one row per request):
@@ -152,39 +162,35 @@ SELECT status, count(*) AS n FROM engine_task GROUP BY status;
 -- in the tasks database, which the start checks), so a limit set a moment ago already applies.
 -- Locks its rows in id order first (see the top of this file).
 WITH locked AS MATERIALIZED (
-    -- Correlated scalar lookups, one primary-key probe per task (an EXISTS could be planned
-    -- as a hashed subplan that reads the whole catalogue on every claim).
-    SELECT t.id,
-           coalesce((SELECT m.concurrency_limit > 0 OR m.rate_limit > 0
-                     FROM engine_model m WHERE m.name = t.model), false)
-           OR coalesce((SELECT g.concurrency_limit > 0 OR g.rate_limit > 0
-                        FROM engine_group g WHERE g.key = t.group_key), false) AS limited
-    FROM engine_task t
-    WHERE t.id = ANY($1::uuid[])
-    ORDER BY t.id
-    FOR NO KEY UPDATE OF t
+    SELECT id FROM engine_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 )
 UPDATE engine_task t
-SET status = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
-                  THEN 'queued' ELSE 'running' END,
-    phase = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
-                 THEN NULL ELSE 'preparing' END,
-    progress = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
-                    THEN t.progress ELSE 0.1 END,
+SET (status, phase, progress, attempts, started_at) = (
+        SELECT CASE WHEN c.pending THEN 'queued' ELSE 'running' END,
+               CASE WHEN c.pending THEN NULL ELSE 'preparing' END,
+               CASE WHEN c.pending THEN t.progress ELSE 0.1 END,
+               CASE WHEN c.pending THEN t.attempts ELSE t.attempts + 1 END,
+               CASE WHEN c.pending THEN t.started_at ELSE coalesce(t.started_at, now()) END
+        FROM (
+            -- Correlated scalar lookups, one primary-key probe per task (an EXISTS could be
+            -- planned as a hashed subplan that reads the whole catalogue on every claim).
+            SELECT (coalesce((SELECT m.concurrency_limit > 0 OR m.rate_limit > 0
+                              FROM engine_model m WHERE m.name = t.model), false)
+                    OR coalesce((SELECT g.concurrency_limit > 0 OR g.rate_limit > 0
+                                 FROM engine_group g WHERE g.key = t.group_key), false))
+                   AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL) AS pending
+        ) AS c
+    ),
     execution_token = i.token,
     execution_owner = $3,
     lease_expires_at = now() + make_interval(secs => $4),
-    attempts = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
-                    THEN t.attempts ELSE t.attempts + 1 END,
-    started_at = CASE WHEN l.limited AND (t.submitted_at IS NULL OR t.upstream_ref IS NOT NULL)
-                      THEN t.started_at ELSE coalesce(t.started_at, now()) END,
     updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
-WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-  AND t.status IN ('queued', 'running')
-  AND t.next_run_at <= now()
-  AND t.cancel_requested_at IS NULL
-  AND (t.execution_token IS NULL OR t.lease_expires_at < now())
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+  AND (t.status IN ('queued', 'running')
+       AND t.next_run_at <= now()
+       AND t.cancel_requested_at IS NULL
+       AND (t.execution_token IS NULL OR t.lease_expires_at < now())) IS TRUE
 RETURNING t.*;
 
 -- name: task_start_admitted
@@ -243,9 +249,10 @@ WITH locked AS MATERIALIZED (
 )
 UPDATE engine_task t
 SET lease_expires_at = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
-WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-  AND t.execution_token = i.token AND t.status = 'running'
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+  AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+  AND (t.status = 'running') IS TRUE
 RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: task_mark_submitting_many
@@ -259,9 +266,10 @@ WITH locked AS MATERIALIZED (
 UPDATE engine_task t
 SET submitted_at = now(), submitted_idempotently = i.idempotently, phase = 'waiting_upstream',
     progress = 0.3, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[], $3::boolean[]) AS i(id, token, idempotently), locked l
-WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-  AND t.execution_token = i.token AND t.status = 'running'
+FROM unnest($1::uuid[], $2::uuid[], $3::boolean[]) AS i(id, token, idempotently)
+WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+  AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+  AND (t.status = 'running') IS TRUE
 RETURNING t.id;
 
 -- name: task_unmark_submitting_many
@@ -274,9 +282,10 @@ WITH locked AS MATERIALIZED (
 )
 UPDATE engine_task t
 SET submitted_at = NULL, submitted_idempotently = false, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token), locked l
-WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-  AND t.execution_token = i.token AND t.status = 'running' AND t.upstream_ref IS NULL
+FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+  AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+  AND (t.status = 'running' AND t.upstream_ref IS NULL) IS TRUE
 RETURNING t.id;
 
 -- name: task_record_upstream_many
@@ -289,9 +298,10 @@ WITH locked AS MATERIALIZED (
 recorded AS (
     UPDATE engine_task t
     SET upstream_ref = i.ref, progress = 0.4, updated_at = now()
-    FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref), locked l
-    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-      AND t.execution_token = i.token AND t.status = 'running'
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref)
+    WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+      AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+      AND (t.status = 'running') IS TRUE
     RETURNING t.id
 ),
 spent AS (
@@ -308,10 +318,10 @@ WITH locked AS MATERIALIZED (
 )
 UPDATE engine_task t
 SET phase = i.phase, progress = i.progress, updated_at = now()
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[]) AS i(id, token, phase, progress),
-     locked l
-WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-  AND t.execution_token = i.token AND t.status = 'running'
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[]) AS i(id, token, phase, progress)
+WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+  AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+  AND (t.status = 'running') IS TRUE
 RETURNING t.id;
 
 -- name: task_finish_many
@@ -336,9 +346,10 @@ finished AS (
         finished_at = now(),
         updated_at = now()
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[])
-         AS i(id, token, status, result, error), locked l
-    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-      AND t.execution_token = i.token AND t.status IN ('running', 'queued')
+         AS i(id, token, status, result, error)
+    WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+      AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+      AND (t.status IN ('running', 'queued')) IS TRUE
     RETURNING t.id
 ),
 released AS (
@@ -381,10 +392,10 @@ requeued AS (
         next_run_at = now() + make_interval(secs => i.delay),
         updated_at = now()
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[], $4::boolean[])
-         AS i(id, token, delay, only_before), locked l
-    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-      AND t.execution_token = i.token
-      AND t.status IN ('running', 'queued')
+         AS i(id, token, delay, only_before)
+    WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+      AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+      AND (t.status IN ('running', 'queued')) IS TRUE
       AND (NOT i.only_before OR t.submitted_at IS NULL)
     RETURNING t.id, t.status
 ),
@@ -431,8 +442,8 @@ WITH locked AS MATERIALIZED (
 )
 UPDATE engine_task t
 SET river_job_id = i.job_id, updated_at = now()
-FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id), locked l
-WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
+FROM unnest($1::uuid[], $2::bigint[]) AS i(id, job_id)
+WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
   AND t.river_job_id IS DISTINCT FROM i.job_id;
 
 -- name: task_recover_interrupted_many

@@ -29,20 +29,21 @@ WITH locked AS MATERIALIZED (
 reported AS (
     UPDATE engine_task t
     SET progress = greatest(t.progress, i.progress), updated_at = now()
-    FROM unnest($1::uuid[], $2::uuid[], $4::real[]) AS i(id, token, progress), locked l
-    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND l.id = t.id
-      AND t.execution_token = i.token AND t.status = 'running'
-    RETURNING t.id
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[], $5::text[], $6::text[],
+                $7::boolean[], $8::text[], $9::timestamptz[])
+         AS i(id, token, phase, progress, message, payload, simulated, instance_id, at)
+    WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+      AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
+      AND (t.status = 'running') IS TRUE  -- no partial index (see the top of engine_task.sql)
+    -- The event's fields come back with the row, so the events need no join with the input.
+    RETURNING t.id, i.phase, i.progress, i.message, i.payload, i.simulated, i.instance_id, i.at
 ),
 events AS (
     INSERT INTO engine_task_event (
         task_id, type, status, phase, progress, message, payload, simulated, instance_id, at
     )
-    SELECT e.task_id, 'task.progress', 'running', e.phase, e.progress, e.message,
-           coalesce(e.payload::jsonb, '{}'), e.simulated, e.instance_id, e.at
-    FROM unnest($1::uuid[], $3::text[], $4::real[], $5::text[], $6::text[], $7::boolean[],
-                $8::text[], $9::timestamptz[])
-         AS e(task_id, phase, progress, message, payload, simulated, instance_id, at)
-    JOIN reported r ON r.id = e.task_id
+    SELECT r.id, 'task.progress', 'running', r.phase, r.progress, r.message,
+           coalesce(r.payload::jsonb, '{}'), r.simulated, r.instance_id, r.at
+    FROM reported r
 )
 SELECT id FROM reported;
