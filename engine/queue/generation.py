@@ -22,7 +22,7 @@ import trio
 
 from engine.db.bridge import Pool
 from engine.queue.completer import Completer
-from engine.queue.config import QueueConfig
+from engine.queue.config import MAX_WORKERS, QueueConfig
 from engine.queue.job import Job
 from engine.queue.notifier import Notifier
 from engine.queue.observe import QUIET, QueueObserver
@@ -32,9 +32,6 @@ from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
 
 __all__ = ["MAX_WORKERS", "Generation", "GenerationConfig"]
-
-#: The most jobs one generation runs at once, per queue.
-MAX_WORKERS = 10_000
 
 log = logging.getLogger(__name__)
 
