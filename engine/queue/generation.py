@@ -206,9 +206,11 @@ class Generation:
     ) -> None:
         with self.notifier.subscribe_queue(queue) as wakeup:
             producer: Producer
+            finished: Callable[[], None]
 
             def start_job(job: Job) -> None:
-                runners.start(job, producer.job_finished)
+                # One bound method for every job, not one more object per running job.
+                runners.start(job, finished)
 
             producer = Producer(
                 ProducerConfig(
@@ -227,5 +229,6 @@ class Generation:
                 self.completer,
                 observer=self.observer,
             )
+            finished = producer.job_finished
             self.producers.append(producer)
             await producer.run(task_status=task_status)

@@ -52,7 +52,7 @@ async def test_a_renewal_goes_out_in_chunks_and_reports_every_lease(
 ) -> None:
     # A process holding 50,000 executions renews them in bounded statements, and the answer is
     # the same as one statement's: held leases (with their cancel requests), lost ones absent.
-    monkeypatch.setattr(store_module, "RENEW_CHUNK", 100)
+    monkeypatch.setattr(store_module, "LEASE_CHUNK", 100)
     rows = await conn.fetch(
         """
         INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
