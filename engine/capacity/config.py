@@ -8,6 +8,7 @@ from typing import Literal
 
 import attrs
 
+from engine.queue.config import MAX_WORKERS
 from engine.settings import choice, integer, number, setting
 
 __all__ = ["WorkerConfig"]
@@ -41,14 +42,18 @@ class WorkerConfig:
     hard_limit: int = setting(
         100,
         "Cap on the cluster-wide worker capacity; 0 means no cap. At most 2,147,483,647 (the "
-        "registry's integer columns); each instance still runs at most 10,000 at once.",
+        "registry's integer columns); each instance still runs at most 100,000 at once (one "
+        "generation's most; a fixed capacity is this cap, or `instance_hard_limit`, up to "
+        "100,000).",
         integer(0, 2_147_483_647),
     )
     instance_hard_limit: int = setting(
         0,
-        "Cap on the capacity of this instance; 0 means no cap beyond the 10,000 jobs one "
-        "generation runs at most.",
-        integer(0, 10_000),
+        "Cap on the capacity of this instance; 0 means no cap beyond the 100,000 jobs one "
+        "generation runs at most. River's Go client stops at 10,000 (a goroutine per job); "
+        "here a task waiting upstream is a trio task of about 10 KB that costs no CPU between "
+        "its polls, so one process holds 50,000 of them (measured: docs/benchmarks.md).",
+        integer(0, MAX_WORKERS),
     )
     drain_timeout: float = setting(
         3600.0,
@@ -59,7 +64,13 @@ class WorkerConfig:
     stop_timeout: float = setting(
         10.0,
         "Seconds each worker generation gets to stop once its jobs are cancelled, at shutdown "
-        "and cleanup.",
+        "and cleanup: every running task is requeued (in statements of 250) and its job made "
+        "available again. That takes time in proportion to the tasks running: measured, 2.6 s "
+        "for 10,000 tasks waiting upstream and 16 s for 50,000 (a third of it the garbage "
+        "collector's full passes over the process's objects), so an instance sized for more "
+        "than about 25,000 at once needs more than the default; past it the generations are "
+        "cancelled outright (logged at error level) while the requeues already under way "
+        "finish.",
         number(gt=0),
     )
     mark_draining_timeout: float = setting(

@@ -22,7 +22,14 @@ from engine.settings import (
     text,
 )
 
-__all__ = ["QueueConfig"]
+__all__ = ["MAX_WORKERS", "QueueConfig"]
+
+#: The most jobs one generation runs at once, per queue. River caps a Go client at 10,000
+#: (``MaxWorkers``: each job is a goroutine); here a running job is a trio task, and one that
+#: waits upstream costs about 10 KB and no CPU between its polls, so one process holds 50,000
+#: waiting tasks (docs/benchmarks.md, the inflight scenario). The bound stays: past it, a claim,
+#: a lease renewal and a shutdown's requeue grow past what one process does in bounded time.
+MAX_WORKERS: Final = 100_000
 
 # River's tag rule for job tags; Go's \w is ASCII and \z is Python's \Z.
 _TAG_RE: Final = re.compile(r"\A[\w][\w\-]+[\w]\Z", re.ASCII)
@@ -188,10 +195,11 @@ class QueueConfig:
     max_workers: int = setting(
         100,
         "Jobs a queue opened on its own (`engine.queue.open`, docs/queue.md) runs at once from "
-        "its `default` queue when it is given workers and no queues of its own, 1 to 10,000 "
-        "(the most one generation runs; River's `MaxWorkers`). The service does not read it: "
-        "its capacity comes from the `[worker]` section.",
-        integer(1, 10_000),
+        "its `default` queue when it is given workers and no queues of its own, 1 to 100,000 "
+        "(the most one generation runs; River's `MaxWorkers` is 10,000, a Go client's "
+        "goroutines). The service does not read it: its capacity comes from the `[worker]` "
+        "section.",
+        integer(1, MAX_WORKERS),
     )
     shutdown_drain_timeout: float = setting(
         10.0,

@@ -22,7 +22,7 @@ import trio
 
 from engine.db.bridge import Pool
 from engine.queue.completer import Completer
-from engine.queue.config import QueueConfig
+from engine.queue.config import MAX_WORKERS, QueueConfig
 from engine.queue.job import Job
 from engine.queue.notifier import Notifier
 from engine.queue.observe import QUIET, QueueObserver
@@ -32,9 +32,6 @@ from engine.queue.slots import SlotPool
 from engine.queue.workers import Workers
 
 __all__ = ["MAX_WORKERS", "Generation", "GenerationConfig"]
-
-#: The most jobs one generation runs at once, per queue.
-MAX_WORKERS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +206,11 @@ class Generation:
     ) -> None:
         with self.notifier.subscribe_queue(queue) as wakeup:
             producer: Producer
+            finished: Callable[[], None]
 
             def start_job(job: Job) -> None:
-                runners.start(job, producer.job_finished)
+                # One bound method for every job, not one more object per running job.
+                runners.start(job, finished)
 
             producer = Producer(
                 ProducerConfig(
@@ -230,5 +229,6 @@ class Generation:
                 self.completer,
                 observer=self.observer,
             )
+            finished = producer.job_finished
             self.producers.append(producer)
             await producer.run(task_status=task_status)

@@ -23,6 +23,7 @@ from engine.db.resolve import scratch_database
 from engine.domain.tasks import TaskStatus
 from engine.errors import ConfigError, DatabaseError, DataDirError, leaves
 from engine.load.retry_delay import refused_start_delay
+from engine.queue.config import MAX_WORKERS
 from engine.queue.states import JobState
 from engine.service.engine import Engine
 from engine.service.root import open as open_engine
@@ -341,13 +342,13 @@ async def test_a_data_directory_that_is_not_engines_is_not_retried(
 async def test_a_hard_limit_above_what_one_generation_runs_gives_the_generation_maximum(
     db_url: str, capacity: str
 ) -> None:
-    """A cluster-wide cap of 20,000 with one instance: the instance runs one generation of
-    10,000, the most a generation runs, instead of failing every refresh."""
-    config = make_config(**{"worker.capacity": capacity, "worker.hard_limit": 20_000})
+    """A cluster-wide cap of twice what a generation runs, with one instance: the instance
+    runs one generation of MAX_WORKERS (100,000), instead of failing every refresh."""
+    config = make_config(**{"worker.capacity": capacity, "worker.hard_limit": 2 * MAX_WORKERS})
     async with open_engine(config, urls=DatabaseUrls.single(db_url)) as eng:
         await eng.set_model("unlimited")  # the registry's capacity: up to the hard limit
         with trio.fail_after(10):
-            while eng.queue.slots.total != 10_000 or not eng.queue.generations:
+            while eng.queue.slots.total != MAX_WORKERS or not eng.queue.generations:
                 await trio.sleep(0.02)
         assert eng.ready
 
@@ -356,7 +357,16 @@ async def test_a_hard_limit_above_what_one_generation_runs_gives_the_generation_
     ("setting", "value", "message"),
     [
         ("worker.hard_limit", "2147483648", "worker.hard_limit = '2147483648'"),
-        ("worker.instance_hard_limit", "10001", "worker.instance_hard_limit = '10001'"),
+        (
+            "worker.instance_hard_limit",
+            "100001",
+            "worker.instance_hard_limit = '100001' .*: must be an integer from 0 to 100000",
+        ),
+        (
+            "queue.max_workers",
+            "100001",
+            "queue.max_workers = '100001' .*: must be an integer from 1 to 100000",
+        ),
     ],
 )
 def test_limits_the_database_or_a_generation_cannot_hold_are_config_errors(

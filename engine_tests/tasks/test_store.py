@@ -1,16 +1,19 @@
-"""The event writer: history survives a stop that lands while a batch is being written."""
+"""The event writer: history survives a stop that lands while a batch is being written; lease
+renewals go out in bounded chunks."""
 
 from __future__ import annotations
 
 import uuid
 
+import pytest
 import trio
 import trio.testing
 
-from engine.db.bridge import Connection
+from engine.db.bridge import Connection, Counters
 from engine.db.database import Database
 from engine.domain.tasks import TaskEvent
-from engine.tasks.store import EventWriter
+from engine.tasks import store as store_module
+from engine.tasks.store import EventWriter, TaskStore
 
 
 async def test_a_stop_during_a_write_keeps_the_batch(database: Database, conn: Connection) -> None:
@@ -42,3 +45,39 @@ async def test_a_stop_during_a_write_keeps_the_batch(database: Database, conn: C
         await conn.execute("COMMIT")
     rows = await conn.fetch("SELECT type FROM engine_task_event WHERE task_id = $1", task_id)
     assert [r["type"] for r in rows] == ["task.requeued"]
+
+
+async def test_a_renewal_goes_out_in_chunks_and_reports_every_lease(
+    database: Database, conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process holding 50,000 executions renews them in bounded statements, and the answer is
+    # the same as one statement's: held leases (with their cancel requests), lost ones absent.
+    monkeypatch.setattr(store_module, "LEASE_CHUNK", 100)
+    rows = await conn.fetch(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 phase, execution_token, execution_owner, lease_expires_at,
+                                 started_at)
+        SELECT g, 'm', 't', 'u', 'simulation', '{}', 'running', 'waiting_upstream', g, 'owner',
+               now() + interval '1 second', now()
+        FROM (SELECT gen_random_uuid() AS g FROM generate_series(1, 250)) s
+        RETURNING id
+        """
+    )
+    ids: list[uuid.UUID] = [r["id"] for r in rows]
+    cancelled = set(ids[95:105])  # straddles the first chunk's end
+    await conn.execute(
+        "UPDATE engine_task SET cancel_requested_at = now() WHERE id = ANY($1::uuid[])",
+        list(cancelled),
+    )
+    lost = ids[-1]
+    leases = [(i, i if i != lost else uuid.uuid4()) for i in ids]
+    store = TaskStore(database.tasks, "owner", lease_ttl=600.0)
+    before = Counters.statements
+    held = await store.renew(leases)
+    assert Counters.statements - before == 3
+    assert held == {i: i in cancelled for i in ids if i != lost}
+    extended = await conn.fetchval(
+        "SELECT count(*) FROM engine_task WHERE lease_expires_at > now() + interval '500 s'"
+    )
+    assert extended == len(ids) - 1
