@@ -23,7 +23,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -329,6 +329,11 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         self._models: set[str] = set()
+        #: The children of the per-task series, by (series, label values; the model as its
+        #: label, so the map is bounded like the series): ``labels()`` checks and sorts its
+        #: arguments on every call, and a run asks six times. Those series are never removed,
+        #: so a child, once made, stays the registry's own.
+        self._children: dict[tuple[str, str, str], Any] = {}
 
         # Fixed label values exist from the start: a series that appears only on its first
         # event breaks rate() and absent() alerts.
@@ -455,11 +460,19 @@ class Metrics:
 
     def phase_done(self, phase: str, seconds: float, model: str) -> None:
         """Record the time a task of ``model`` spent in ``phase`` (e.g. ``preparing``)."""
-        self.task_phase_seconds.labels(phase=phase, model=self.model_label(model)).observe(seconds)
+        key = ("phase", phase, self.model_label(model))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.task_phase_seconds.labels(phase=phase, model=key[2])
+        child.observe(seconds)
 
     def count_task(self, status: str, model: str, n: int = 1) -> None:
         """Count ``n`` task runs of ``model`` that ended in ``status`` (e.g. ``failed``)."""
-        self.tasks.labels(status=status, model=self.model_label(model)).inc(n)
+        key = ("tasks", status, self.model_label(model))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.tasks.labels(status=status, model=key[2])
+        child.inc(n)
 
     def task_started(self, task: TimedTask) -> None:
         """Record the queue wait of a task's first start (later attempts are not a wait for
@@ -468,9 +481,11 @@ class Metrics:
             return
         started = task.started_at or datetime.now(UTC)
         wait = (started - task.created_at).total_seconds()
-        self.task_queue_wait_seconds.labels(model=self.model_label(task.model)).observe(
-            max(wait, 0.0)
-        )
+        key = ("queue_wait", "", self.model_label(task.model))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.task_queue_wait_seconds.labels(model=key[2])
+        child.observe(max(wait, 0.0))
 
     def task_finished(self, status: str, task: TimedTask | None) -> None:
         """Count one outcome and, with its task, its end-to-end time (submitted until now).
@@ -485,9 +500,13 @@ class Metrics:
         self.count_task(status, task.model)
         # Wall clock against the database's created_at: clamp a small clock skew at zero.
         elapsed = (datetime.now(UTC) - task.created_at).total_seconds()
-        self.task_end_to_end_seconds.labels(
-            model=self.model_label(task.model), status=status
-        ).observe(max(elapsed, 0.0))
+        key = ("end_to_end", status, self.model_label(task.model))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.task_end_to_end_seconds.labels(
+                model=key[2], status=status
+            )
+        child.observe(max(elapsed, 0.0))
 
     def count_recoveries(self, kind: str, n: int) -> None:
         """Count ``n`` rows repaired by recovery of ``kind``; 0 only creates the series."""

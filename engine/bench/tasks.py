@@ -7,8 +7,14 @@
 * ``tasks_not_succeeded``: how many of them ended otherwise (0 expected: the simulated provider
   fails nothing by default).
 * ``submit_per_s``: the submission rate of those batches.
-* ``queue_jobs_per_s`` / ``ratio_to_queue``: the queue's own burn-down in the same run.
+* ``queue_jobs_per_s`` / ``ratio_to_queue``: the queue's own burn-down in the same run (the
+  ratio is printed, with no target).
 * ``round_trips_per_task``: statements this process sent during the drain, per task.
+* ``python_cpu_ms_per_task``: this process's CPU time over the drain, per task.
+* ``postgres_cpu_ms_per_task``: the whole server's CPU time over the drain, per task (its
+  postmaster, reaped and live children: :mod:`engine.bench.cpu`). Only when the server runs on
+  this host and ``/proc`` shows its processes to this user; otherwise the figure is left out.
+  Both share the host's cores, so both bound ``tasks_per_s``.
 * ``submit_one_p50_ms`` / ``submit_one_p99_ms``: single ``Engine.submit`` calls (one task and
   its job), interleaved on the same pool with ``plain_insert_p50_ms`` / ``plain_insert_p99_ms``,
   a plain one-row INSERT with its commit into a scratch table with a similar row, and
@@ -22,9 +28,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
 from engine.bench.common import BenchDatabase, percentile
+from engine.bench.cpu import CpuSample, postmaster_of, sample_cpu
 from engine.bench.queue import burn_down
 from engine.config import load_config
 from engine.db.bridge import Counters
@@ -33,13 +41,12 @@ from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.simulated import SimulatedProvider
 from engine.service.root import open as open_engine
 
-__all__ = ["TARGETS", "run_tasks_bench"]
+__all__ = ["TARGETS", "TaskDrain", "run_tasks_bench"]
 
 TARGETS: dict[str, tuple[str, float]] = {
-    "tasks_per_s": (">=", 2000.0),
+    "tasks_per_s": (">=", 3000.0),
     # The simulated provider has no failures by default: any task not succeeded is a bug.
     "tasks_not_succeeded": ("<=", 0),
-    "ratio_to_queue": (">=", 0.3),
     # One submission is one statement: it should cost little more than the cheapest write.
     "submit_to_plain_ratio": ("<=", 1.3),
     "queue_to_plain_ratio": ("<=", 1.3),
@@ -49,7 +56,19 @@ _IDENTITY = Identity(tenant_id="bench", user_id="bench")
 _FINAL = ("succeeded", "failed", "cancelled", "manual_review")
 
 
-async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, float, int]:
+@attrs.frozen
+class TaskDrain:
+    """What ``_tasks`` measured: the drain's rate, the submission's, statements and CPU per
+    task, and how many tasks did not succeed."""
+
+    tasks_per_s: float
+    submit_per_s: float
+    round_trips_per_task: float
+    not_succeeded: int
+    cpu: CpuSample
+
+
+async def _tasks(url: str, count: int, max_workers: int) -> TaskDrain:
     config = load_config(
         env={},
         overrides={
@@ -72,7 +91,9 @@ async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, 
             await client.submit(requests[start : start + 1000])
         submit_rate = count / (trio.current_time() - started)
     async with open_engine(config, urls=urls, simulated=SimulatedProvider()) as eng:
+        postmaster = postmaster_of(await eng.db.tasks.fetchval("SELECT pg_backend_pid()"))
         before = Counters.statements
+        cpu_before = sample_cpu(postmaster)
         started = trio.current_time()
         await eng.wait(requests[-1].id)
         # Every task final, whatever its outcome (a failed one must not hang the run); the
@@ -83,8 +104,9 @@ async def _tasks(url: str, count: int, max_workers: int) -> tuple[float, float, 
                 break
             await trio.sleep(0.01)
         elapsed = trio.current_time() - started
+        cpu = sample_cpu(postmaster) - cpu_before
         trips = (Counters.statements - before) / count
-    return count / elapsed, submit_rate, trips, count - counts.get("succeeded", 0)
+    return TaskDrain(count / elapsed, submit_rate, trips, count - counts.get("succeeded", 0), cpu)
 
 
 # A row like a task's: a uuid key, a JSON payload, a few text columns.
@@ -154,11 +176,15 @@ async def run_tasks_bench(admin_url: str, *, quick: bool = False) -> dict[str, f
     results["queue_insert_p50_ms"] = round(percentile(single["queue"], 50), 3)
     results["queue_to_plain_ratio"] = round(percentile(single["queue"], 50) / plain_p50, 3)
     async with BenchDatabase(admin_url) as db:
-        rate, submit_rate, trips, not_succeeded = await _tasks(db.urls.tasks, count, 600)
+        drain = await _tasks(db.urls.tasks, count, 600)
+    rate = drain.tasks_per_s
     results["tasks_per_s"] = round(rate, 1)
-    results["tasks_not_succeeded"] = not_succeeded
-    results["submit_per_s"] = round(submit_rate, 1)
-    results["round_trips_per_task"] = round(trips, 3)
+    results["tasks_not_succeeded"] = drain.not_succeeded
+    results["submit_per_s"] = round(drain.submit_per_s, 1)
+    results["round_trips_per_task"] = round(drain.round_trips_per_task, 3)
+    results["python_cpu_ms_per_task"] = round(drain.cpu.python * 1000 / count, 3)
+    if drain.cpu.postgres is not None:
+        results["postgres_cpu_ms_per_task"] = round(drain.cpu.postgres * 1000 / count, 3)
     async with BenchDatabase(admin_url) as db:
         queue_rate = (await burn_down(db, count, 32)).jobs_per_s
     results["queue_jobs_per_s"] = round(queue_rate, 1)

@@ -16,8 +16,7 @@ import itertools
 import logging
 import math
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 import trio
 
@@ -162,17 +161,35 @@ class Execution:
         for guard in self._guards:
             guard.cancel(reason=reason)
 
-    @contextmanager
-    def cancel_guard(self) -> Iterator[None]:
+    def cancel_guard(self) -> _Guard:
         """A scope inside a shield that this execution's own cancel still reaches."""
-        with trio.CancelScope() as guard:
-            self._guards.append(guard)
-            try:
-                if self.scope.cancel_called:
-                    guard.cancel()
-                yield
-            finally:
-                self._guards.remove(guard)
+        return _Guard(self)
+
+
+class _Guard:
+    """:meth:`Execution.cancel_guard`'s scope, registered with its execution while entered (a
+    class rather than a generator: it is entered once per submission)."""
+
+    __slots__ = ("execution", "scope")
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        self.scope = trio.CancelScope()
+
+    def __enter__(self) -> None:
+        self.scope.__enter__()
+        self.execution._guards.append(self.scope)
+        if self.execution.scope.cancel_called:
+            self.scope.cancel()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self.execution._guards.remove(self.scope)
+        return self.scope.__exit__(exc_type, exc, tb)
 
 
 class LeaseKeeper:

@@ -42,24 +42,27 @@ class TaskNotices:
         self.hub = hub
         self.on_cancel = on_cancel
         self.on_callback = on_callback
-        self._waiters: dict[uuid.UUID, set[trio.Event]] = defaultdict(set)
+        #: By the task id as text, as the trigger sends it: every finished task is notified,
+        #: and most have no waiter here, so the payload is looked up without parsing it.
+        self._waiters: dict[str, set[trio.Event]] = defaultdict(set)
 
     def waiter(self, task_id: uuid.UUID) -> trio.Event:
         """An event set when ``task_id`` may have finished (re-check the row)."""
         event = trio.Event()
-        self._waiters[task_id].add(event)
+        self._waiters[str(task_id)].add(event)
         return event
 
     def forget(self, task_id: uuid.UUID, event: trio.Event) -> None:
         """Drop a waiter that is no longer waiting."""
-        events = self._waiters.get(task_id)
+        key = str(task_id)
+        events = self._waiters.get(key)
         if events is not None:
             events.discard(event)
             if not events:
-                del self._waiters[task_id]
+                del self._waiters[key]
 
-    def _wake(self, task_id: uuid.UUID) -> None:
-        for event in self._waiters.pop(task_id, ()):
+    def _wake(self, key: str) -> None:
+        for event in self._waiters.pop(key, ()):
             event.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -71,18 +74,22 @@ class TaskNotices:
             task_status.started()
             async for note in notes:
                 if note == RESYNC:
-                    for task_id in list(self._waiters):
-                        self._wake(task_id)
+                    for key in list(self._waiters):
+                        self._wake(key)
                     if self.on_callback is not None:
                         self.on_callback(None)
+                    continue
+                if note.channel == TASK_FINISHED:
+                    # PostgreSQL's uuid text is canonical (lower case, hyphenated), as str()
+                    # of a UUID is; a payload that is no task id matches no waiter.
+                    if self._waiters:
+                        self._wake(note.payload)
                     continue
                 try:
                     task_id = uuid.UUID(note.payload)
                 except ValueError:
                     continue
-                if note.channel == TASK_FINISHED:
-                    self._wake(task_id)
-                elif note.channel == TASK_CANCEL:
+                if note.channel == TASK_CANCEL:
                     self.on_cancel(task_id)
                 elif note.channel == TASK_CALLBACK and self.on_callback is not None:
                     self.on_callback(task_id)

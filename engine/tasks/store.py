@@ -55,8 +55,17 @@ _WRITE_TIMEOUT = 10.0
 LEASE_CHUNK = 250
 
 
+#: Made once: ``json.dumps`` with options builds a new encoder on every call, and a run
+#: encodes each of its events and its outcome.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_ENCODE_STRICT = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    if value is None:
+        return None
+    # Most events carry no payload.
+    return "{}" if type(value) is dict and not value else _ENCODE(value)
 
 
 def storable_outcome(
@@ -86,7 +95,7 @@ def _storable(value: Any) -> tuple[str | None, str | None]:
     if problem is not None:
         return None, problem
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False), None
+        return _ENCODE_STRICT(value), None
     except (TypeError, ValueError) as exc:
         return None, f"is not JSON ({exc})"
 

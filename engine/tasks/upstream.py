@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import random
+import types
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, NoReturn, TypeVar
 
 import trio
@@ -75,7 +76,13 @@ async def answer_despite_a_stop(
     own timeouts bound it): a slow answer is not a stop.
 
     The stop's cancellation is level-triggered: a caller that goes on after a result (to record
-    it) meets it again at its next unshielded checkpoint."""
+    it) meets it again at its next unshielded checkpoint.
+
+    The watcher that turns a stop into the grace's deadline starts only once the call first
+    waits (:func:`_watched`): a call that answers at once, without waiting on anything, cannot
+    be cut off by a stop (a cancellation is delivered only where a task waits), so it needs no
+    watcher, and the zero-latency path does not pay for a task it never uses.
+    """
     shield = trio.CancelScope(shield=True)
     result: list[_T] = []
     error: list[Exception] = []
@@ -88,10 +95,11 @@ async def answer_despite_a_stop(
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
+            # The nursery is outside the shield, so the watcher it starts sees the stop.
             with shield:
                 try:
-                    result.append(await call())
+                    answer = await _watched(call(), lambda: nursery.start_soon(watch))
+                    result.append(answer)
                 except Exception as exc:  # raised below, as itself rather than in a group
                     error.append(exc)
             nursery.cancel_scope.cancel()
@@ -107,6 +115,36 @@ async def answer_despite_a_stop(
     if result:
         return result[0], False
     return None, shield.cancelled_caught
+
+
+@types.coroutine
+def _watched(
+    awaitable: Awaitable[_T], before_first_wait: Callable[[], None]
+) -> Generator[Any, Any, _T]:
+    """Await ``awaitable`` (as ``await`` does: every value it yields to trio is passed on, and
+    trio's answer passed back), calling ``before_first_wait()`` just before it first waits,
+    i.e. before its first yield reaches trio. Nothing runs in between, so the first wait is
+    watched exactly as if the watcher had started before the call."""
+    coro: Generator[Any, Any, _T] = awaitable.__await__()
+    value: Any = None
+    failure: BaseException | None = None
+    waiting = False
+    while True:
+        try:
+            trap = coro.send(value) if failure is None else coro.throw(failure)
+        except StopIteration as done:
+            answer: _T = done.value
+            return answer
+        if not waiting:
+            waiting = True
+            before_first_wait()
+        try:
+            value, failure = (yield trap), None
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # trio delivers a cancellation (or an error) by throwing
+            value, failure = None, exc
 
 
 async def provider_call(phase: str, call: Callable[..., Awaitable[_T]], *args: Any) -> _T:
