@@ -45,14 +45,12 @@ _PROGRESS = QUERIES["task_report_progress_many"]
 _CALLBACKS = QUERIES["task_callback_latest_many"]
 #: Seconds one batch of events may take to write (shielded: a stop does not cut it).
 _WRITE_TIMEOUT = 10.0
-#: Most leases one renewal statement extends, and most tasks one requeue statement puts back.
-#: The batched statements lock their rows in a CTE they join back (sql/queries/engine_task.sql);
-#: once PostgreSQL switches a prepared statement to its generic plan (from its sixth run on a
-#: connection) that join is a nested loop, quadratic in the batch: measured on PostgreSQL 18,
-#: 5,000 leases take 2.5 s a statement (80 ms with the custom plan), 1,000 take 115 ms, 250 take
-#: 12 ms. So 50,000 leases are 200 statements of 250 (~2.5 s a round), not ten of 5,000 (25 s:
-#: longer than the renewal interval).
-LEASE_CHUNK = 250
+#: Most leases one renewal statement extends, and most tasks one requeue statement puts back:
+#: the statements are linear in the batch under either plan (sql/queries/engine_task.sql says
+#: how; on PostgreSQL 15, a generic-plan renewal of 250 leases takes ~5 ms, of 1,000 ~22 ms, of
+#: 5,000 ~100 ms), so a chunk keeps each statement short (and its row locks brief) while
+#: 50,000 leases are still only 50 statements a round.
+LEASE_CHUNK = 1000
 
 
 #: Made once: ``json.dumps`` with options builds a new encoder on every call, and a run
