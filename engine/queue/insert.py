@@ -175,8 +175,8 @@ def prepare_many(
     return out
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+#: json.dumps with these options, without building an encoder per call.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 async def _insert_chunk(
@@ -208,8 +208,8 @@ async def _insert_chunk(
         [p.max_attempts for p in send],
         [p.scheduled_at for p in send],
         [p.state.value for p in send],
-        [_dumps(list(p.tags)) for p in send],
-        [_dumps(dict(p.metadata)) for p in send],
+        [_dumps(list(p.tags)) if p.tags else "[]" for p in send],
+        [_dumps(dict(p.metadata)) if p.metadata else "{}" for p in send],
         [p.unique_key for p in send],
         [p.unique_states for p in send],
         notify_channel or "",

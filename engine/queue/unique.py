@@ -21,6 +21,7 @@ Everything here is pure: no database, no clock (the caller passes ``now``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -117,6 +118,12 @@ def validate_unique_states(states: Iterable[JobState | str] | None) -> None:
         raise JobError(
             "UniqueOpts.ByState must contain all required states, missing: " + ", ".join(missing)
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _bitmask_of(states: frozenset[JobState]) -> str:
+    # Every unique insert asks for its mask; the sets in use are few (a task job's is one).
+    return unique_states_bitmask(states)
 
 
 def unique_states_bitmask(states: Iterable[JobState | str]) -> str:
@@ -222,7 +229,7 @@ class UniqueOpts:
 
     def states_bitmask(self) -> str:
         """The ``bit(8)`` literal to store in ``river_job.unique_states``."""
-        return unique_states_bitmask(self.effective_states)
+        return _bitmask_of(self.effective_states)
 
 
 GATEWAY_UNIQUE_OPTS = UniqueOpts(

@@ -58,7 +58,7 @@ def _payload_text(request: TaskRequest, tasks: TasksConfig, problems: list[str],
         problems.append(f"request {n}: payload {problem}{setting}")
         return ""
     try:
-        text = json.dumps(request.payload, separators=(",", ":"), allow_nan=False)
+        text = _PAYLOAD_ENCODER.encode(request.payload)
     except (TypeError, ValueError) as exc:
         problems.append(f"request {n}: payload is not JSON ({exc})")
         return ""
@@ -124,8 +124,10 @@ def _reject(problems: list[str]) -> NoReturn:
     raise InvalidTask("task rejected; nothing was stored:\n  - " + "\n  - ".join(shown))
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+#: json.dumps with these options, without building an encoder per call (a submit encodes four
+#: values; a new encoder each time cost about 2 µs apiece).
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def _job_columns(jobs: Sequence[InsertParams]) -> list[list[Any]]:
@@ -139,8 +141,8 @@ def _job_columns(jobs: Sequence[InsertParams]) -> list[list[Any]]:
         [p.max_attempts for p in jobs],
         [p.scheduled_at for p in jobs],
         [p.state.value for p in jobs],
-        [_dumps(list(p.tags)) for p in jobs],
-        [_dumps(dict(p.metadata)) for p in jobs],
+        [_dumps(list(p.tags)) if p.tags else "[]" for p in jobs],
+        [_dumps(dict(p.metadata)) if p.metadata else "{}" for p in jobs],
         [p.unique_key for p in jobs],
         [p.unique_states for p in jobs],
     ]
