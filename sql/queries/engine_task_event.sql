@@ -32,7 +32,7 @@ reported AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[], $5::text[], $6::text[],
                 $7::boolean[], $8::text[], $9::timestamptz[])
          AS i(id, token, phase, progress, message, payload, simulated, instance_id, at)
-    WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
+    WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
       AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
       AND (t.status = 'running') IS TRUE  -- no partial index (see the top of engine_task.sql)
     -- The event's fields come back with the row, so the events need no join with the input.
