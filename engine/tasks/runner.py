@@ -151,12 +151,16 @@ class TaskRunner(Executions):
         except TaskQueued as queued:  # 8
             raise JobSnooze(queued.delay) from None
         except LockTimeout as exc:  # 10
-            status = await self.store.requeue(
-                task_id, run.token, delay=self.lock_timeout_delay, only_before_submission=True
-            )
+            # A lock that timed out while claiming left the task untouched: no token of this
+            # run was stored, so a requeue would find nothing (and wait for the same lock).
+            status = None
+            if run.task is not None:
+                status = await self.store.requeue(
+                    task_id, run.token, delay=self.lock_timeout_delay, only_before_submission=True
+                )
             if status is None and await self._still_queued(task_id):
-                # The lock timed out while claiming: the task is untouched and still queued,
-                # which is the outcome #10 wants; only the job has to wait.
+                # Untouched and still queued, which is the outcome #10 wants; only the job
+                # has to wait.
                 status = TaskStatus.QUEUED
             if status is TaskStatus.QUEUED:
                 task = run.task or await self.store.get_now(task_id)
