@@ -333,7 +333,7 @@ class Metrics:
         #: label, so the map is bounded like the series): ``labels()`` checks and sorts its
         #: arguments on every call, and a run asks six times. Those series are never removed,
         #: so a child, once made, stays the registry's own.
-        self._children: dict[tuple[str, str, str], Any] = {}
+        self._children: dict[tuple[object, str, str], Any] = {}
 
         # Fixed label values exist from the start: a series that appears only on its first
         # event breaks rate() and absent() alerts.
@@ -458,21 +458,23 @@ class Metrics:
         self._models.add(model)
         return model
 
-    def phase_done(self, phase: str, seconds: float, model: str) -> None:
-        """Record the time a task of ``model`` spent in ``phase`` (e.g. ``preparing``)."""
-        key = ("phase", phase, self.model_label(model))
+    def _child(self, metric: Any, model: str, **label: str) -> Any:
+        """``metric.labels(model=<its label>, **label)``, made once per label set (at most one
+        label besides the model)."""
+        model = self.model_label(model)
+        key = (metric, next(iter(label.values()), ""), model)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = self.task_phase_seconds.labels(phase=phase, model=key[2])
-        child.observe(seconds)
+            child = self._children[key] = metric.labels(model=model, **label)
+        return child
+
+    def phase_done(self, phase: str, seconds: float, model: str) -> None:
+        """Record the time a task of ``model`` spent in ``phase`` (e.g. ``preparing``)."""
+        self._child(self.task_phase_seconds, model, phase=phase).observe(seconds)
 
     def count_task(self, status: str, model: str, n: int = 1) -> None:
         """Count ``n`` task runs of ``model`` that ended in ``status`` (e.g. ``failed``)."""
-        key = ("tasks", status, self.model_label(model))
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.tasks.labels(status=status, model=key[2])
-        child.inc(n)
+        self._child(self.tasks, model, status=status).inc(n)
 
     def task_started(self, task: TimedTask) -> None:
         """Record the queue wait of a task's first start (later attempts are not a wait for
@@ -481,11 +483,7 @@ class Metrics:
             return
         started = task.started_at or datetime.now(UTC)
         wait = (started - task.created_at).total_seconds()
-        key = ("queue_wait", "", self.model_label(task.model))
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.task_queue_wait_seconds.labels(model=key[2])
-        child.observe(max(wait, 0.0))
+        self._child(self.task_queue_wait_seconds, task.model).observe(max(wait, 0.0))
 
     def task_finished(self, status: str, task: TimedTask | None) -> None:
         """Count one outcome and, with its task, its end-to-end time (submitted until now).
@@ -500,13 +498,9 @@ class Metrics:
         self.count_task(status, task.model)
         # Wall clock against the database's created_at: clamp a small clock skew at zero.
         elapsed = (datetime.now(UTC) - task.created_at).total_seconds()
-        key = ("end_to_end", status, self.model_label(task.model))
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.task_end_to_end_seconds.labels(
-                model=key[2], status=status
-            )
-        child.observe(max(elapsed, 0.0))
+        self._child(self.task_end_to_end_seconds, task.model, status=status).observe(
+            max(elapsed, 0.0)
+        )
 
     def count_recoveries(self, kind: str, n: int) -> None:
         """Count ``n`` rows repaired by recovery of ``kind``; 0 only creates the series."""

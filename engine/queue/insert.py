@@ -16,7 +16,6 @@ insert runs on whatever connection it is given (:func:`insert_tx`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import attrs
 
 from engine.db.bridge import Connection, Pool
+from engine.db.jsontext import compact
 from engine.db.sqlfiles import QUERIES
 from engine.errors import JobError
 from engine.queue.job import (
@@ -175,10 +175,6 @@ def prepare_many(
     return out
 
 
-#: json.dumps with these options, without building an encoder per call.
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
 async def _insert_chunk(
     conn: Connection, chunk: Sequence[InsertParams], notify_channel: str | None
 ) -> list[InsertResult]:
@@ -202,14 +198,14 @@ async def _insert_chunk(
     rows = await conn.fetch(
         _INSERT_MANY,
         [p.kind for p in send],
-        [_dumps(p.args) for p in send],
+        [compact(p.args) for p in send],
         [p.queue for p in send],
         [p.priority for p in send],
         [p.max_attempts for p in send],
         [p.scheduled_at for p in send],
         [p.state.value for p in send],
-        [_dumps(list(p.tags)) if p.tags else "[]" for p in send],
-        [_dumps(dict(p.metadata)) if p.metadata else "{}" for p in send],
+        [compact(list(p.tags)) if p.tags else "[]" for p in send],
+        [compact(dict(p.metadata)) if p.metadata else "{}" for p in send],
         [p.unique_key for p in send],
         [p.unique_states for p in send],
         notify_channel or "",

@@ -20,6 +20,7 @@ import trio
 
 from engine.db.batcher import Batcher
 from engine.db.bridge import Pool
+from engine.db.jsontext import compact, compact_strict
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Task, TaskEvent, TaskPhase, TaskStatus
 from engine.errors import DatabaseError
@@ -53,17 +54,11 @@ _WRITE_TIMEOUT = 10.0
 LEASE_CHUNK = 1000
 
 
-#: Made once: ``json.dumps`` with options builds a new encoder on every call, and a run
-#: encodes each of its events and its outcome.
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
-_ENCODE_STRICT = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-
-
 def _dumps(value: Any) -> str | None:
     if value is None:
         return None
     # Most events carry no payload.
-    return "{}" if type(value) is dict and not value else _ENCODE(value)
+    return "{}" if type(value) is dict and not value else compact(value)
 
 
 def storable_outcome(
@@ -93,7 +88,7 @@ def _storable(value: Any) -> tuple[str | None, str | None]:
     if problem is not None:
         return None, problem
     try:
-        return _ENCODE_STRICT(value), None
+        return compact_strict(value), None
     except (TypeError, ValueError) as exc:
         return None, f"is not JSON ({exc})"
 
