@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig, load_config
+from engine.db.bridge import Connection
 from engine.db.database import DatabaseUrls
 from engine.domain.tasks import Identity, RunMode, TaskRequest
 from engine.providers.simulated import SimulatedProvider
@@ -72,3 +74,25 @@ async def eng(open_test_engine: OpenEngine) -> AsyncIterator[Engine]:
     async with open_test_engine(max_workers=8) as engine:
         await engine.set_model("sim-model")
         yield engine
+
+
+async def insert_running_tasks(
+    conn: Connection, count: int, *, phase: str = "preparing", lease_seconds: float = 3600.0
+) -> list[uuid.UUID]:
+    """``count`` running tasks of the instance ``owner``, each token equal to its id, their leases
+    expiring in ``lease_seconds``."""
+    rows = await conn.fetch(
+        """
+        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
+                                 phase, execution_token, execution_owner, lease_expires_at,
+                                 started_at)
+        SELECT g, 'm', 't', 'u', 'simulation', '{}', 'running', $2, g, 'owner',
+               now() + make_interval(secs => $3), now()
+        FROM (SELECT gen_random_uuid() AS g FROM generate_series(1, $1)) s
+        RETURNING id
+        """,
+        count,
+        phase,
+        lease_seconds,
+    )
+    return [r["id"] for r in rows]

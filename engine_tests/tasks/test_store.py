@@ -14,6 +14,7 @@ from engine.db.database import Database
 from engine.domain.tasks import TaskEvent
 from engine.tasks import store as store_module
 from engine.tasks.store import EventWriter, TaskStore
+from engine_tests.tasks.conftest import insert_running_tasks
 
 
 async def test_a_stop_during_a_write_keeps_the_batch(database: Database, conn: Connection) -> None:
@@ -53,18 +54,7 @@ async def test_a_renewal_goes_out_in_chunks_and_reports_every_lease(
     # A process holding 50,000 executions renews them in bounded statements, and the answer is
     # the same as one statement's: held leases (with their cancel requests), lost ones absent.
     monkeypatch.setattr(store_module, "LEASE_CHUNK", 100)
-    rows = await conn.fetch(
-        """
-        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
-                                 phase, execution_token, execution_owner, lease_expires_at,
-                                 started_at)
-        SELECT g, 'm', 't', 'u', 'simulation', '{}', 'running', 'waiting_upstream', g, 'owner',
-               now() + interval '1 second', now()
-        FROM (SELECT gen_random_uuid() AS g FROM generate_series(1, 250)) s
-        RETURNING id
-        """
-    )
-    ids: list[uuid.UUID] = [r["id"] for r in rows]
+    ids = await insert_running_tasks(conn, 250, phase="waiting_upstream", lease_seconds=1.0)
     cancelled = set(ids[95:105])  # straddles the first chunk's end
     await conn.execute(
         "UPDATE engine_task SET cancel_requested_at = now() WHERE id = ANY($1::uuid[])",

@@ -20,6 +20,7 @@ from engine.tasks.config import TasksConfig
 from engine.tasks.submit import submit_statement, validate_requests
 from engine.testing.factories import make_task
 from engine_tests.plans import PLAN_MODES, explain_prepared
+from engine_tests.tasks.conftest import insert_running_tasks
 
 #: Every batched write on engine_task, with arguments for ids ``$1`` and tokens ``$2``.
 _BATCHED: dict[str, tuple[object, ...]] = {
@@ -64,23 +65,6 @@ def _args(name: str, ids: list[uuid.UUID]) -> list[object]:
     return [ids, ids, *(filler.get(str(a), a) for a in _BATCHED[name])]
 
 
-async def _running_tasks(conn: Connection, count: int) -> list[uuid.UUID]:
-    """``count`` running tasks whose token equals their id."""
-    rows = await conn.fetch(
-        """
-        INSERT INTO engine_task (id, model, tenant_id, user_id, run_mode, payload, status,
-                                 phase, execution_token, execution_owner, lease_expires_at,
-                                 started_at)
-        SELECT g, 'm', 't', 'u', 'simulation', '{}', 'running', 'preparing', g, 'owner',
-               now() + interval '1 hour', now()
-        FROM (SELECT gen_random_uuid() AS g FROM generate_series(1, $1)) s
-        RETURNING id
-        """,
-        count,
-    )
-    return [r["id"] for r in rows]
-
-
 @pytest.mark.parametrize("mode", PLAN_MODES)
 @pytest.mark.parametrize("name", sorted(_BATCHED))
 async def test_batched_task_writes_use_the_primary_key_on_100k_rows(
@@ -100,7 +84,7 @@ async def test_batched_task_writes_use_the_primary_key_on_100k_rows(
         WHERE id IN (SELECT id FROM engine_task LIMIT 20000);
         """
     )
-    ids = await _running_tasks(conn, 300)
+    ids = await insert_running_tasks(conn, 300)
     plan = await explain_prepared(conn, QUERIES[name], _args(name, ids), mode)
     text = json.dumps(plan)
     assert "engine_task_pkey" in text, text
@@ -185,7 +169,7 @@ async def test_concurrent_batches_over_the_same_tasks_never_deadlock(database: D
     # A lease renewal and a phase change (or a finish) cover the same running tasks at once;
     # without locking in one order, the two statements can each wait on the other's rows.
     async with database.tasks.acquire() as conn:
-        ids = await _running_tasks(conn, 400)
+        ids = await insert_running_tasks(conn, 400)
     rounds = 15
 
     async def renewals() -> None:
