@@ -21,9 +21,13 @@
 -- itself are written so that no partial index can serve them either: the fence as
 -- `i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token` (the same test, but
 -- not strict, so it does not imply the lease index's `execution_token IS NOT NULL`), and the
--- status checks inside `(...) IS TRUE`. On statistics taken while nothing ran, the planner
--- otherwise walks a partial index it believes almost empty (every live task) and reads the
--- input again for each task it finds.
+-- status checks inside `coalesce(..., false)`. On statistics taken while nothing ran, the
+-- planner otherwise walks a partial index it believes almost empty (every live task) and reads
+-- the input again for each task it finds. The coalesce also hides the checks from the row
+-- estimate (an expression the planner cannot look into counts as half the rows): on a table
+-- never analyzed it guesses 0.5 % for each `IS NULL`, believes the checks leave one task of
+-- ten thousand, and scans the table once, reading the whole input again for each of its rows
+-- (0.2-0.75 s for a claim of 500 on a fresh install under a burst, against ~3 ms).
 
 -- fragment: task_submit_after_input
 -- What task_submit_many and task_submit_one do with their CTE ``input`` (one row per request):
@@ -189,10 +193,10 @@ SET (status, phase, progress, attempts, started_at) = (
     updated_at = now()
 FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
 WHERE t.id = i.id AND (SELECT count(*) FROM locked) > 0
-  AND (t.status IN ('queued', 'running')
-       AND t.next_run_at <= now()
-       AND t.cancel_requested_at IS NULL
-       AND (t.execution_token IS NULL OR t.lease_expires_at < now())) IS TRUE
+  AND coalesce(t.status IN ('queued', 'running')
+               AND t.next_run_at <= now()
+               AND t.cancel_requested_at IS NULL
+               AND (t.execution_token IS NULL OR t.lease_expires_at < now()), false)
 RETURNING t.*;
 
 -- name: task_start_admitted
@@ -254,7 +258,7 @@ SET lease_expires_at = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
 WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
   AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-  AND (t.status = 'running') IS TRUE
+  AND coalesce(t.status = 'running', false)
 RETURNING t.id, t.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: task_mark_submitting_many
@@ -271,7 +275,7 @@ SET submitted_at = now(), submitted_idempotently = i.idempotently, phase = 'wait
 FROM unnest($1::uuid[], $2::uuid[], $3::boolean[]) AS i(id, token, idempotently)
 WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
   AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-  AND (t.status = 'running') IS TRUE
+  AND coalesce(t.status = 'running', false)
 RETURNING t.id;
 
 -- name: task_unmark_submitting_many
@@ -287,7 +291,7 @@ SET submitted_at = NULL, submitted_idempotently = false, updated_at = now()
 FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
 WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
   AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-  AND (t.status = 'running' AND t.upstream_ref IS NULL) IS TRUE
+  AND coalesce(t.status = 'running' AND t.upstream_ref IS NULL, false)
 RETURNING t.id;
 
 -- name: task_record_upstream_many
@@ -303,7 +307,7 @@ recorded AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS i(id, token, ref)
     WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
       AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-      AND (t.status = 'running') IS TRUE
+      AND coalesce(t.status = 'running', false)
     RETURNING t.id
 ),
 spent AS (
@@ -323,7 +327,7 @@ SET phase = i.phase, progress = i.progress, updated_at = now()
 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::real[]) AS i(id, token, phase, progress)
 WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
   AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-  AND (t.status = 'running') IS TRUE
+  AND coalesce(t.status = 'running', false)
 RETURNING t.id;
 
 -- name: task_finish_many
@@ -351,7 +355,7 @@ finished AS (
          AS i(id, token, status, result, error)
     WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
       AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-      AND (t.status IN ('running', 'queued')) IS TRUE
+      AND coalesce(t.status IN ('running', 'queued'), false)
     RETURNING t.id
 ),
 released AS (
@@ -397,7 +401,7 @@ requeued AS (
          AS i(id, token, delay, only_before)
     WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
       AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-      AND (t.status IN ('running', 'queued')) IS TRUE
+      AND coalesce(t.status IN ('running', 'queued'), false)
       AND (NOT i.only_before OR t.submitted_at IS NULL)
     RETURNING t.id, t.status
 ),

@@ -34,7 +34,7 @@ reported AS (
          AS i(id, token, phase, progress, message, payload, simulated, instance_id, at)
     WHERE t.id = ANY($1::uuid[]) AND t.id = i.id AND (SELECT count(*) FROM locked) > 0
       AND i.token IS NOT NULL AND t.execution_token IS NOT DISTINCT FROM i.token
-      AND (t.status = 'running') IS TRUE  -- no partial index (see the top of engine_task.sql)
+      AND coalesce(t.status = 'running', false)  -- see the top of engine_task.sql
     -- The event's fields come back with the row, so the events need no join with the input.
     RETURNING t.id, i.phase, i.progress, i.message, i.payload, i.simulated, i.instance_id, i.at
 ),
