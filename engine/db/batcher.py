@@ -28,13 +28,14 @@ R = TypeVar("R")
 
 
 class _Slot(Generic[I, R]):
-    __slots__ = ("done", "error", "item", "result")
+    __slots__ = ("error", "item", "result", "waiter")
 
     def __init__(self, item: I) -> None:
         self.item = item
-        self.done = trio.Event()
         self.result: R | None = None
         self.error: BaseException | None = None
+        #: The caller waiting for this item's batch (rescheduled when it is done), if any.
+        self.waiter: trio.lowlevel.Task | None = None
 
 
 class Batcher(Generic[I, R]):
@@ -57,12 +58,25 @@ class Batcher(Generic[I, R]):
         self.batches = 0
         self.items = 0
 
-    async def submit(self, item: I) -> R:
-        """Add ``item`` to the next batch and return its result (or raise its batch's error)."""
+    async def submit(self, item: I, *, shielded: bool = False) -> R:
+        """Add ``item`` to the next batch and return its result (or raise its batch's error).
+
+        ``shielded``: a cancellation does not interrupt the wait (it is delivered at the
+        caller's next checkpoint), as inside a shielded scope, for a write whose outcome the
+        caller must know; the batch's own deadline bounds the wait.
+        """
         slot: _Slot[I, R] = _Slot(item)
         self._pending.append(slot)
         if self._leading:
-            await slot.done.wait()
+            slot.waiter = trio.lowlevel.current_task()
+
+            def abort(_: object) -> trio.lowlevel.Abort:
+                if shielded:
+                    return trio.lowlevel.Abort.FAILED  # the batch's end reschedules us
+                slot.waiter = None  # the item stays in the batch; its result goes unread
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
         else:
             self._leading = True
             try:
@@ -97,7 +111,9 @@ class Batcher(Generic[I, R]):
                 slot.error = exc
         finally:
             for slot in batch:
-                slot.done.set()
+                if slot.waiter is not None:
+                    trio.lowlevel.reschedule(slot.waiter)
+                    slot.waiter = None
 
     async def _run_with_retry(self, items: list[I]) -> Sequence[R]:
         for attempt in range(self.conflict_retries):

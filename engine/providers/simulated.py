@@ -103,7 +103,7 @@ class SimulatedProvider:
         self.submissions[task.id] += 1
         if self._on_submit is not None:
             self._on_submit(task)
-        ref = f"sim-{uuid.uuid4().hex[:16]}"
+        ref = f"sim-{random.getrandbits(64):016x}"
         self._polls[ref] = 0
         if self._rng.random() < self.config.failure_rate:
             self._fails.add(ref)

@@ -15,8 +15,7 @@ window (jitter) so they do not arrive all at once. Holds are per process and in 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from types import TracebackType
 
 import trio
 
@@ -90,36 +89,36 @@ class UpstreamThrottle:
             return 0.0
         return max(0.0, state.until - trio.current_time())
 
-    @asynccontextmanager
-    async def submission(self, model: str) -> AsyncIterator[Submission]:
-        """Wait until the model may submit, then let one submission through (a checkpoint when
-        nothing holds it back). Report a busy answer with :meth:`Submission.busy` inside."""
-        probe = await self._wait(model)
-        entry = Submission(self, model, probe)
-        try:
-            yield entry
-        finally:
-            state = self._models.get(model)
-            if probe and state is not None:
-                state.probing = False
-                if not entry._busy:
-                    # Not busy (taken, or ended for another reason): the hold is over for
-                    # everyone; another busy answer starts a new one.
-                    state.recovering = False
-                state.notify()
-            if (
-                state is not None
-                and not state.recovering
-                and not state.probing
-                and state.until <= trio.current_time()
-            ):
-                del self._models[model]
+    def submission(self, model: str) -> _Passage:
+        """``async with`` it: wait until the model may submit, then let one submission through
+        (no wait, and no schedule point, when nothing holds it back: the write recording the
+        submission comes next and waits anyway). Report a busy answer with
+        :meth:`Submission.busy` inside."""
+        return _Passage(self, model)
+
+    def _passed(self, model: str, entry: Submission) -> None:
+        """A submission let through has ended, however it went."""
+        state = self._models.get(model)
+        if entry.probe and state is not None:
+            state.probing = False
+            if not entry._busy:
+                # Not busy (taken, or ended for another reason): the hold is over for
+                # everyone; another busy answer starts a new one.
+                state.recovering = False
+            state.notify()
+        if (
+            state is not None
+            and not state.recovering
+            and not state.probing
+            and state.until <= trio.current_time()
+        ):
+            del self._models[model]
 
     async def _wait(self, model: str) -> bool:
         while True:
             state = self._models.get(model)
             if state is None or not state.recovering:
-                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint_if_cancelled()
                 return False
             left = state.until - trio.current_time()
             if left > 0:
@@ -131,3 +130,29 @@ class UpstreamThrottle:
                 await trio.lowlevel.checkpoint()
                 return True
             await state.changed.wait()
+
+
+class _Passage:
+    """:meth:`UpstreamThrottle.submission`'s context (a class rather than a generator: it is
+    entered once per submission)."""
+
+    __slots__ = ("_entry", "_model", "_throttle")
+
+    def __init__(self, throttle: UpstreamThrottle, model: str) -> None:
+        self._throttle = throttle
+        self._model = model
+        self._entry: Submission | None = None
+
+    async def __aenter__(self) -> Submission:
+        probe = await self._throttle._wait(self._model)
+        self._entry = Submission(self._throttle, self._model, probe)
+        return self._entry
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._entry is not None:
+            self._throttle._passed(self._model, self._entry)

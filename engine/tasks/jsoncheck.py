@@ -11,6 +11,13 @@ def bad_character(text: str) -> str | None:
     """What PostgreSQL cannot store in ``text`` (a NUL, a lone surrogate), or None."""
     if "\x00" in text:
         return "a NUL character"
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")  # fails on a lone surrogate, at C speed
+        return None
+    except UnicodeEncodeError:
+        pass
     for ch in text:
         if "\ud800" <= ch <= "\udfff":
             return f"a lone surrogate (U+{ord(ch):04X})"

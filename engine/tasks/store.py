@@ -253,11 +253,9 @@ class TaskStore:
         Runs shielded: the outcome already happened and must be recorded.
         """
         status, result_text, error_text = storable_outcome(status, result, error)
-        with trio.CancelScope(shield=True):
-            done = await self._finish.submit(
-                (task_id, token, status.value, result_text, error_text)
-            )
-        return done
+        return await self._finish.submit(
+            (task_id, token, status.value, result_text, error_text), shielded=True
+        )
 
     async def _finish_many(
         self, items: list[tuple[uuid.UUID, uuid.UUID, str, Any, Any]]
@@ -284,9 +282,9 @@ class TaskStore:
         """Put a running task back to queued (or manual_review if its submission is
         ambiguous) and release the lease; None if the lease is gone (or, with
         ``only_before_submission``, the upstream call was already made). Shielded."""
-        with trio.CancelScope(shield=True):
-            status = await self._requeue.submit((task_id, token, delay, only_before_submission))
-        return status
+        return await self._requeue.submit(
+            (task_id, token, delay, only_before_submission), shielded=True
+        )
 
     async def _requeue_many(
         self, items: list[tuple[uuid.UUID, uuid.UUID, float, bool]]

@@ -445,5 +445,6 @@ class UpstreamCalls(FencedWrites):
         return now
 
     async def _enter(self, lease: LoadSlot | None, phase: Phase) -> None:
-        if lease is not None:
+        # Most moves need no wait: then no schedule point either (the write after it waits).
+        if lease is not None and not lease.enter_nowait(phase):
             await lease.enter(phase)

@@ -15,7 +15,7 @@ async def test_nothing_waits_without_a_hold() -> None:
     start = trio.current_time()
     async with throttle.submission("m") as entry:
         assert not entry.probe
-    assert trio.current_time() - start < 0.5  # a checkpoint, no wait
+    assert trio.current_time() - start < 0.5  # no wait
 
 
 async def test_after_a_hold_one_probe_goes_first_and_its_answer_decides(
