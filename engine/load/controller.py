@@ -133,24 +133,6 @@ class LoadLease:
         if self._waiter is not None:
             raise RuntimeError("another enter() is already waiting on this lease")
 
-    def enter_nowait(self, phase: Phase | str) -> bool:
-        """Move the lease to ``phase`` if that needs no wait, and say whether it did: False
-        when a heavy slot must be waited for (then :meth:`enter` waits for it). Not a
-        checkpoint: a run moves through its phases several times a task, and the write that
-        follows each move waits anyway.
-
-        Raises:
-            RuntimeError: as :meth:`enter`.
-        """
-        target = Phase(phase)
-        self._check_usable()
-        controller = self._controller
-        if not controller._can_enter_now(self, target):
-            return False
-        controller._move(self, target)
-        controller._wake_heavy_waiters()
-        return True
-
     async def enter(self, phase: Phase | str) -> None:
         """Move the lease to ``phase``, waiting for a heavy slot if needed.
 

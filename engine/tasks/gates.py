@@ -51,9 +51,9 @@ REFUSED_START_DELAY = 0.5
 class LoadSlot(Protocol):
     """One execution's place in the process's load: it starts ``preparing``."""
 
-    def enter_nowait(self, phase: Phase) -> bool:
-        """Move to ``phase`` if that needs no wait and return True; False (nothing changed)
-        when the phase is heavy and the heavy ones are full."""
+    def enter_nowait(self, phase: Phase) -> None:
+        """Move to ``phase`` if that needs no wait; raise ``trio.WouldBlock`` (nothing changed)
+        when the phase is heavy and the heavy ones are full, or others wait for them."""
         ...
 
     async def enter(self, phase: Phase) -> None:

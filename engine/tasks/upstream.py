@@ -445,6 +445,10 @@ class UpstreamCalls(FencedWrites):
         return now
 
     async def _enter(self, lease: LoadSlot | None, phase: Phase) -> None:
+        if lease is None:
+            return
         # Most moves need no wait: then no schedule point either (the write after it waits).
-        if lease is not None and not lease.enter_nowait(phase):
+        try:
+            lease.enter_nowait(phase)
+        except trio.WouldBlock:
             await lease.enter(phase)
