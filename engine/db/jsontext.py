@@ -12,5 +12,6 @@ __all__ = ["compact", "compact_strict"]
 
 #: ``json.dumps(value, separators=(",", ":"))``.
 compact = json.JSONEncoder(separators=(",", ":")).encode
-#: The same, raising ``ValueError`` on NaN or an infinity.
-compact_strict = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+#: The same, raising ``ValueError`` on NaN or an infinity; every character beyond ASCII is
+#: escaped (``\uXXXX``), so a NUL or a lone surrogate shows in the text as an escape.
+compact_strict = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode

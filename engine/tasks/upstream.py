@@ -86,6 +86,7 @@ async def answer_despite_a_stop(
     shield = trio.CancelScope(shield=True)
     result: list[_T] = []
     error: list[Exception] = []
+    watching = False
 
     async def watch() -> None:
         try:
@@ -95,14 +96,21 @@ async def answer_despite_a_stop(
 
     try:
         async with trio.open_nursery() as nursery:
+
+            def start_watching() -> None:
+                nonlocal watching
+                watching = True
+                nursery.start_soon(watch)
+
             # The nursery is outside the shield, so the watcher it starts sees the stop.
             with shield:
                 try:
-                    answer = await _watched(call(), lambda: nursery.start_soon(watch))
+                    answer = await _watched(call(), start_watching)
                     result.append(answer)
                 except Exception as exc:  # raised below, as itself rather than in a group
                     error.append(exc)
-            nursery.cancel_scope.cancel()
+            if watching:
+                nursery.cancel_scope.cancel()
     except BaseException as exc:
         only_cancelled = isinstance(exc, trio.Cancelled) or (
             isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None

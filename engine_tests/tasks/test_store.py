@@ -3,6 +3,7 @@ renewals go out in bounded chunks."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -11,7 +12,7 @@ import trio.testing
 
 from engine.db.bridge import Connection, Counters
 from engine.db.database import Database
-from engine.domain.tasks import TaskEvent
+from engine.domain.tasks import TaskEvent, TaskStatus
 from engine.tasks import store as store_module
 from engine.tasks.store import EventWriter, TaskStore
 from engine_tests.tasks.conftest import insert_running_tasks
@@ -71,3 +72,30 @@ async def test_a_renewal_goes_out_in_chunks_and_reports_every_lease(
         "SELECT count(*) FROM engine_task WHERE lease_expires_at > now() + interval '500 s'"
     )
     assert extended == len(ids) - 1
+
+
+@pytest.mark.parametrize(
+    ("result", "problem"),
+    [
+        ({"text": "plain"}, None),
+        ({"text": "café 😀"}, None),  # non-ASCII and a surrogate pair (escaped in the text)
+        ({"text": "a backslash then u0000: \\u0000"}, None),  # only looks like an escape
+        ({"text": "a\x00b"}, "has text holding a NUL character"),
+        ({"k\x00": 1}, "has a key 'k\\x00' holding a NUL character"),
+        (["\ud800"], "has text holding a lone surrogate (U+D800)"),
+        ({"score": float("nan")}, "is not JSON (Out of range float values are not JSON"),
+    ],
+)
+async def test_an_outcome_is_stored_unless_jsonb_would_refuse_it(
+    conn: Connection, result: object, problem: str | None
+) -> None:
+    status, text, _ = store_module.storable_outcome(TaskStatus.SUCCEEDED, result, None)
+    if problem is None:
+        assert status is TaskStatus.SUCCEEDED
+        assert text is not None
+        assert await conn.fetchval("SELECT $1::text::jsonb = $2::jsonb", text, result)
+    else:
+        assert (status, text) == (TaskStatus.FAILED, None)
+        _, _, error = store_module.storable_outcome(TaskStatus.SUCCEEDED, result, None)
+        assert error is not None
+        assert json.loads(error)["message"].startswith(f"the provider's result {problem}")
