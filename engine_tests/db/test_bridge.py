@@ -70,10 +70,14 @@ async def test_cancelled_query_returns_connection_and_leaves_server(
     assert await pool.fetchval("SELECT 41 + 1") == 42
 
 
-async def test_cancelling_many_borrowers_leaks_nothing(database: Database) -> None:
+@pytest.mark.parametrize("way", ["acquire", "pooled statement"])
+async def test_cancelling_many_borrowers_leaks_nothing(database: Database, way: str) -> None:
     pool = database.tasks
 
     async def borrow() -> None:
+        if way == "pooled statement":  # borrowed and given back on the asyncio side
+            await pool.fetchval("SELECT pg_sleep(30)")
+            return
         async with pool.acquire() as c:
             await c.fetchval("SELECT pg_sleep(30)")
 
