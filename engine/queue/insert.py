@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from engine.db.bridge import Connection, Pool
+from engine.db.bridge import Connection, Pool, Statements
 from engine.db.jsontext import compact
 from engine.db.sqlfiles import QUERIES
 from engine.errors import JobError
@@ -176,7 +176,7 @@ def prepare_many(
 
 
 async def _insert_chunk(
-    conn: Connection, chunk: Sequence[InsertParams], notify_channel: str | None
+    conn: Statements, chunk: Sequence[InsertParams], notify_channel: str | None
 ) -> list[InsertResult]:
     # Two rows with one live unique key in one statement would make ON CONFLICT touch a row
     # twice (an error); send the first and answer the rest with its result, flagged skipped.
@@ -247,6 +247,5 @@ async def insert(
     pool: Pool, params: InsertParams, notify_channel: str | None = None
 ) -> InsertResult:
     """Insert one job in its own (implicit) transaction: one round trip."""
-    async with pool.acquire() as conn:
-        (result,) = await _insert_chunk(conn, [params], notify_channel)
+    (result,) = await _insert_chunk(pool, [params], notify_channel)
     return result

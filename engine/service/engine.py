@@ -16,7 +16,7 @@ import trio
 
 from engine.capacity.room import ShutdownPolicy
 from engine.config import EngineConfig
-from engine.db.bridge import Connection
+from engine.db.bridge import Connection, Statements
 from engine.db.channels import CATALOG, TASK_CANCEL
 from engine.db.database import Database, DatabaseUrls
 from engine.db.sqlfiles import QUERIES
@@ -136,15 +136,11 @@ class Engine:
             InvalidTask: any request was invalid; nothing was stored.
         """
         requests = [request] if isinstance(request, TaskRequest) else list(request)
-        async with self.db.tasks.acquire() as conn:
-            try:
-                await self.submit_tx(conn, requests)
-            except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    # Interrupted in flight: the server may still run it; wait for its answer
-                    # to the cancel (bounded) before the connection goes back to the pool.
-                    await conn.settle("SELECT 1", self.config.worker.enqueue_rollback_timeout)
-                raise
+        # Interrupted in flight, the server may still run it: the connection goes back once
+        # the server has answered the cancel, or is dropped after enqueue_rollback_timeout.
+        await self._store(
+            self.db.tasks.bounded(self.config.worker.enqueue_rollback_timeout), requests
+        )
         ids = [r.id for r in requests]
         return ids[0] if isinstance(request, TaskRequest) else ids
 
@@ -157,8 +153,11 @@ class Engine:
                 transaction can go on.
         """
         # One statement either way: without a transaction open on conn it is its own.
+        await self._store(conn, requests)
+
+    async def _store(self, on: Statements, requests: Sequence[TaskRequest]) -> None:
         await submit_tasks(
-            conn,
+            on,
             requests,
             queue=self.config.queue,
             tasks=self.config.tasks,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NoReturn
 
-from engine.db.bridge import Connection
+from engine.db.bridge import Statements
 from engine.db.jsontext import compact, compact_strict
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Identity, TaskRequest
@@ -178,7 +178,7 @@ def submit_statement(
 
 
 async def submit_tasks(
-    conn: Connection,
+    conn: Statements,
     requests: Sequence[TaskRequest],
     *,
     queue: QueueConfig,
@@ -189,8 +189,9 @@ async def submit_tasks(
     """Validate, then store ``requests`` and their jobs on ``conn`` in one statement (the task
     rows point at their jobs, which are unique per task; a live job of the same task is kept).
 
-    On a connection with no transaction open the statement is its own transaction: one round
-    trip. Inside the caller's transaction the tasks exist only if it commits.
+    On a pool, or a connection with no transaction open, the statement is its own
+    transaction: one round trip. Inside the caller's transaction the tasks exist only if it
+    commits.
 
     Raises:
         InvalidTask: a request is invalid, or names a model that is unknown or disabled;
