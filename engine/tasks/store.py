@@ -454,16 +454,20 @@ class EventWriter:
             )
 
     async def _write(self, chunk: list[TaskEvent]) -> None:
-        await self.pool.execute(
-            _EVENTS,
-            [e.task_id for e in chunk],
-            [e.type for e in chunk],
-            [e.status for e in chunk],
-            [e.phase for e in chunk],
-            [e.progress for e in chunk],
-            [e.message for e in chunk],
-            [_dumps(e.payload) for e in chunk],
-            [e.simulated for e in chunk],
-            [e.instance_id for e in chunk],
-            [e.at for e in chunk],
-        )
+        # One pass over the events, turned into the statement's ten columns by zip.
+        rows = [
+            (
+                e.task_id,
+                e.type,
+                e.status,
+                e.phase,
+                e.progress,
+                e.message,
+                _dumps(e.payload),
+                e.simulated,
+                e.instance_id,
+                e.at,
+            )
+            for e in chunk
+        ]
+        await self.pool.execute(_EVENTS, *zip(*rows, strict=True))
