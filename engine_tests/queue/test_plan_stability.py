@@ -22,18 +22,20 @@ from engine_tests.plans import PLAN_MODES, explain_prepared, scans
 RUNNING = list(range(9_901, 9_933))  # the ids that are running (see the fixture)
 
 
-@pytest.fixture
-async def drained(conn: Connection) -> Connection:
-    """river_job mid-drain: 20,000 jobs analyzed while all were available, then 10,000 moved
-    through running, 9,900 of them on to completed, with no vacuum in between."""
+@pytest.fixture(params=["analyzed while available", "never analyzed"])
+async def drained(conn: Connection, request: pytest.FixtureRequest) -> Connection:
+    """river_job mid-drain: 20,000 jobs (analyzed while all were available, or on a fresh
+    install never analyzed at all: every guess then defaults), then 10,000 moved through
+    running, 9,900 of them on to completed, with no vacuum in between."""
+    analyze = "ANALYZE river_job;" if request.param == "analyzed while available" else ""
     await conn.execute(
-        """
+        f"""
         ALTER TABLE river_job SET (autovacuum_enabled = false);
         INSERT INTO river_job (kind, args, queue, max_attempts)
         SELECT 'noop', jsonb_build_object('i', i), 'default', 25 FROM generate_series(1, 20000) i;
-        ANALYZE river_job;
+        {analyze}
         UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(),
-                             attempted_by = '{c}'
+                             attempted_by = '{{c}}'
         WHERE id <= 10000;
         UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id <= 9900;
         """
