@@ -463,8 +463,8 @@ class Pool:
         release_timeout: float = RELEASE_TIMEOUT,
     ) -> Any:
         if self.begin_settings is not None:  # each statement in a transaction of its own
-            async with self.acquire() as conn:
-                return await getattr(conn, method)(query, *args)
+            async with self.transaction(rollback_timeout=release_timeout) as tx:
+                return await getattr(tx, method)(query, *args)
         Counters.statements += 1
         return await call(_borrowed, self.raw, method, query, args, release_timeout)
 

@@ -229,6 +229,9 @@ class UpstreamCalls(FencedWrites):
                 phase_started = self._phase_done("preparing", phase_started, task.model)
                 context.phase = TaskPhase.WAITING_UPSTREAM
                 ref = await self._submit(task, token, lease, execution, provider, prepared)
+                # The prepared request (a provider's may be large: an upload, a long prompt) is
+                # not kept for the wait upstream, which lasts minutes.
+                del prepared
                 execution.upstream_ref = ref
                 # The upstream reference lives only in this process until it is written: a database
                 # blip here must not turn a known submission into a lost one.
