@@ -192,10 +192,18 @@ class Task:
         return self.run_mode is RunMode.SIMULATION
 
     @classmethod
-    def from_record(cls, rec: Record) -> Task:
-        """Build from an ``engine_task`` row."""
+    def from_record(
+        cls,
+        rec: Record,
+        *,
+        task_id: uuid.UUID | None = None,
+        token: uuid.UUID | None = None,
+    ) -> Task:
+        """Build from an ``engine_task`` row. ``task_id`` and ``token``: objects the caller
+        holds that equal the row's id and execution token, kept instead of the row's copies
+        (a task waiting upstream is held for minutes, 50,000 of them in one process)."""
         return cls(
-            id=rec["id"],
+            id=rec["id"] if task_id is None else task_id,
             model=sys.intern(rec["model"]),
             group_key=_shared(rec["group_key"]),
             identity=Identity(**{name: _shared(rec[name]) for name in _IDENTITY_FIELDS}),
@@ -204,7 +212,7 @@ class Task:
             status=_STATUSES[rec["status"]],
             phase=None if rec["phase"] is None else _PHASES[rec["phase"]],
             progress=rec["progress"],
-            execution_token=rec["execution_token"],
+            execution_token=rec["execution_token"] if token is None else token,
             execution_owner=_shared(rec["execution_owner"]),
             lease_expires_at=rec["lease_expires_at"],
             submitted_at=rec["submitted_at"],

@@ -193,8 +193,13 @@ class TaskStore:
         rows = await self.pool.fetch(
             _CLAIM, list(first), list(first.values()), self.owner, self.lease_ttl
         )
-        claimed = {(r["id"], r["execution_token"]): Task.from_record(r) for r in rows}
-        return [claimed.get(item) for item in items]
+        found = {(r["id"], r["execution_token"]): r for r in rows}
+        return [
+            None
+            if (row := found.get(item)) is None
+            else Task.from_record(row, task_id=item[0], token=item[1])
+            for item in items
+        ]
 
     async def renew(self, leases: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> dict[uuid.UUID, bool]:
         """Extend ``leases`` (id, token); returns {id: cancel requested} for those still held.
