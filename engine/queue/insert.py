@@ -47,6 +47,7 @@ __all__ = [
     "insert",
     "insert_many",
     "insert_tx",
+    "job_columns",
     "prepare",
     "prepare_many",
 ]
@@ -175,6 +176,24 @@ def prepare_many(
     return out
 
 
+def job_columns(jobs: Sequence[InsertParams]) -> list[list[Any]]:
+    """``job_insert_many``'s first eleven parameters, the column arrays of ``jobs`` (also the
+    job part of a task submission's one statement)."""
+    return [
+        [p.kind for p in jobs],
+        [compact(p.args) for p in jobs],
+        [p.queue for p in jobs],
+        [p.priority for p in jobs],
+        [p.max_attempts for p in jobs],
+        [p.scheduled_at for p in jobs],
+        [p.state.value for p in jobs],
+        [compact(list(p.tags)) if p.tags else "[]" for p in jobs],
+        [compact(dict(p.metadata)) if p.metadata else "{}" for p in jobs],
+        [p.unique_key for p in jobs],
+        [p.unique_states for p in jobs],
+    ]
+
+
 async def _insert_chunk(
     conn: Statements, chunk: Sequence[InsertParams], notify_channel: str | None
 ) -> list[InsertResult]:
@@ -195,22 +214,7 @@ async def _insert_chunk(
     payloads = (
         [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel is not None else []
     )
-    rows = await conn.fetch(
-        _INSERT_MANY,
-        [p.kind for p in send],
-        [compact(p.args) for p in send],
-        [p.queue for p in send],
-        [p.priority for p in send],
-        [p.max_attempts for p in send],
-        [p.scheduled_at for p in send],
-        [p.state.value for p in send],
-        [compact(list(p.tags)) if p.tags else "[]" for p in send],
-        [compact(dict(p.metadata)) if p.metadata else "{}" for p in send],
-        [p.unique_key for p in send],
-        [p.unique_states for p in send],
-        notify_channel or "",
-        payloads,
-    )
+    rows = await conn.fetch(_INSERT_MANY, *job_columns(send), notify_channel or "", payloads)
     # RETURNING yields rows in the order INSERT ... SELECT ... ORDER BY produced them.
     results = [InsertResult(Job.from_record(r), bool(r["skipped"])) for r in rows]
     return [InsertResult(results[i].job, True) if dup else results[i] for i, dup in slot]

@@ -18,12 +18,12 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from engine.db.bridge import Statements
-from engine.db.jsontext import compact, compact_strict
+from engine.db.jsontext import compact_strict
 from engine.db.sqlfiles import QUERIES
 from engine.domain.tasks import Identity, TaskRequest
 from engine.errors import InvalidTask
 from engine.queue.config import QueueConfig
-from engine.queue.insert import InsertParams
+from engine.queue.insert import job_columns
 from engine.queue.notifier import insert_payload
 from engine.queue.states import JobState
 from engine.tasks.config import TasksConfig
@@ -124,24 +124,6 @@ def _reject(problems: list[str]) -> NoReturn:
     raise InvalidTask("task rejected; nothing was stored:\n  - " + "\n  - ".join(shown))
 
 
-def _job_columns(jobs: Sequence[InsertParams]) -> list[list[Any]]:
-    """``job_insert_many``'s column arrays for ``jobs``, built as :mod:`engine.queue.insert`
-    builds them (a test compares the rows the two paths store)."""
-    return [
-        [p.kind for p in jobs],
-        [compact(p.args) for p in jobs],
-        [p.queue for p in jobs],
-        [p.priority for p in jobs],
-        [p.max_attempts for p in jobs],
-        [p.scheduled_at for p in jobs],
-        [p.state.value for p in jobs],
-        [compact(list(p.tags)) if p.tags else "[]" for p in jobs],
-        [compact(dict(p.metadata)) if p.metadata else "{}" for p in jobs],
-        [p.unique_key for p in jobs],
-        [p.unique_states for p in jobs],
-    ]
-
-
 def submit_statement(
     requests: Sequence[TaskRequest],
     payloads: Sequence[str],
@@ -169,12 +151,12 @@ def submit_statement(
         list(payloads),
         [r.run_at for r in requests],
     ]
-    job_columns = _job_columns(jobs)
+    job_part = job_columns(jobs)
     if len(requests) == 1:
-        job_columns = [column[0] for column in job_columns]
+        job_part = [column[0] for column in job_part]
         task_columns = [column[0] for column in task_columns]
     query = _SUBMIT_ONE if len(requests) == 1 else _SUBMIT_MANY
-    return query, [*job_columns, notify_channel or "", notify, *task_columns, instance_id]
+    return query, [*job_part, notify_channel or "", notify, *task_columns, instance_id]
 
 
 async def submit_tasks(
