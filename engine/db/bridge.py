@@ -402,10 +402,11 @@ class Pool:
     ``listen_dsn`` is where this pool's database is reached for LISTEN and other session-level
     work: ``dsn`` itself without a pooler, else a direct URL, or None (behind a transaction
     pooler without one: notifications are not listened to, their consumers poll).
-    ``begin_settings`` goes to each borrowed :class:`Connection`.
+    ``begin_settings`` goes to each borrowed :class:`Connection`. ``release_timeout`` bounds the
+    wait for the connection of an interrupted single statement (see :meth:`bounded`).
     """
 
-    __slots__ = ("begin_settings", "dsn", "listen_dsn", "pooler", "raw")
+    __slots__ = ("begin_settings", "dsn", "listen_dsn", "pooler", "raw", "release_timeout")
 
     def __init__(
         self,
@@ -415,9 +416,11 @@ class Pool:
         pooler: Pooler = "none",
         listen_dsn: str | None = None,
         begin_settings: str | None = None,
+        release_timeout: float = RELEASE_TIMEOUT,
     ) -> None:
         self.raw = raw
         self.dsn = dsn
+        self.release_timeout = release_timeout
         self.pooler: Pooler = pooler
         self.listen_dsn: str | None = (
             listen_dsn if listen_dsn is not None else dsn if pooler == "none" else None
@@ -455,24 +458,25 @@ class Pool:
         ):
             yield tx
 
-    async def _pooled(
-        self,
-        method: str,
-        query: str,
-        args: tuple[Any, ...],
-        release_timeout: float = RELEASE_TIMEOUT,
-    ) -> Any:
+    async def _pooled(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
         if self.begin_settings is not None:  # each statement in a transaction of its own
-            async with self.transaction(rollback_timeout=release_timeout) as tx:
+            async with self.transaction(rollback_timeout=self.release_timeout) as tx:
                 return await getattr(tx, method)(query, *args)
         Counters.statements += 1
-        return await call(_borrowed, self.raw, method, query, args, release_timeout)
+        return await call(_borrowed, self.raw, method, query, args, self.release_timeout)
 
-    def bounded(self, release_timeout: float) -> Statements:
-        """This pool, with the wait for an interrupted statement's connection (until the server
-        has answered its cancel, else the connection is dropped) bounded by
-        ``release_timeout`` seconds instead of ``RELEASE_TIMEOUT``."""
-        return _Bounded(self, release_timeout)
+    def bounded(self, release_timeout: float) -> Pool:
+        """This pool (the same connections: close this one, not the copy), with the wait for an
+        interrupted single statement's connection (until the server has answered its cancel,
+        else the connection is dropped) bounded by ``release_timeout`` seconds."""
+        return Pool(
+            self.raw,
+            self.dsn,
+            pooler=self.pooler,
+            listen_dsn=self.listen_dsn,
+            begin_settings=self.begin_settings,
+            release_timeout=release_timeout,
+        )
 
     async def execute(self, query: str, *args: Any) -> str:
         """Run one statement on a pooled connection."""
@@ -532,33 +536,6 @@ async def _borrowed(
             # outcome, an answer or its error, is what the caller gets. A cancellation that
             # lands here (the release itself is shielded) reaches the trio caller next.
             pass
-
-
-class _Bounded:
-    """:meth:`Pool.bounded`: the pool's statements with their own release bound."""
-
-    __slots__ = ("pool", "release_timeout")
-
-    def __init__(self, pool: Pool, release_timeout: float) -> None:
-        self.pool = pool
-        self.release_timeout = release_timeout
-
-    async def execute(self, query: str, *args: Any) -> str:
-        """As :meth:`Pool.execute`."""
-        result: str = await self.pool._pooled("execute", query, args, self.release_timeout)
-        return result
-
-    async def fetch(self, query: str, *args: Any) -> list[Record]:
-        """As :meth:`Pool.fetch`."""
-        rows: list[Record] = await self.pool._pooled("fetch", query, args, self.release_timeout)
-        return rows
-
-    async def fetchrow(self, query: str, *args: Any) -> Record | None:
-        """As :meth:`Pool.fetchrow`."""
-        row: Record | None = await self.pool._pooled(
-            "fetchrow", query, args, self.release_timeout
-        )
-        return row
 
 
 def _server_settings(application_name: str, lock_timeout: float | None) -> dict[str, str]:
