@@ -86,7 +86,6 @@ async def answer_despite_a_stop(
     shield = trio.CancelScope(shield=True)
     result: list[_T] = []
     error: list[Exception] = []
-    watching = False
 
     async def watch() -> None:
         try:
@@ -96,20 +95,14 @@ async def answer_despite_a_stop(
 
     try:
         async with trio.open_nursery() as nursery:
-
-            def start_watching() -> None:
-                nonlocal watching
-                watching = True
-                nursery.start_soon(watch)
-
             # The nursery is outside the shield, so the watcher it starts sees the stop.
             with shield:
                 try:
-                    answer = await _watched(call(), start_watching)
+                    answer = await _watched(call(), lambda: nursery.start_soon(watch))
                     result.append(answer)
                 except Exception as exc:  # raised below, as itself rather than in a group
                     error.append(exc)
-            if watching:
+            if nursery.child_tasks:  # the watcher, if the call waited
                 nursery.cancel_scope.cancel()
     except BaseException as exc:
         only_cancelled = isinstance(exc, trio.Cancelled) or (
