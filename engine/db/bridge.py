@@ -46,6 +46,7 @@ import asyncpg
 import trio
 import trio_asyncio
 
+from engine.db.aioloop import run_callbacks_in_runs
 from engine.errors import (
     ConnectionLost,
     DatabaseError,
@@ -203,7 +204,8 @@ async def asyncio_loop() -> AsyncIterator[None]:
     """Make sure a trio-asyncio loop is open; reuse the embedding app's loop when it has one.
 
     The loop gets :func:`log_asyncio_error` as its exception handler, unless the embedding app
-    set one of its own.
+    set one of its own. A loop opened here runs its queued callbacks in runs
+    (:mod:`engine.db.aioloop`); an app's own loop is left as the app made it.
     """
     loop = trio_asyncio.current_loop.get()
     if loop is not None:
@@ -213,6 +215,7 @@ async def asyncio_loop() -> AsyncIterator[None]:
         return
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(log_asyncio_error)
+        await run_callbacks_in_runs(loop)
         _opened_loops.append(loop)
         try:
             yield

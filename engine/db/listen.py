@@ -316,11 +316,17 @@ class ListenHub:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and fan out until cancelled; ``started()`` once every LISTEN is in place."""
+        receive = self.listener.receive
         async with trio.open_nursery() as nursery:
             await nursery.start(self.listener.run)
             task_status.started()
-            async for note in self.listener.receive:
-                self._fan_out(note)
+            while True:
+                self._fan_out(await receive.receive())
+                # A busy writer's notifications come in runs (one per task a statement
+                # finishes): fan out what is already buffered now, not one per scheduler
+                # tick, so each subscriber wakes once for the run. Bounded by the buffer.
+                for _ in range(receive.statistics().current_buffer_used):
+                    self._fan_out(receive.receive_nowait())
 
 
 def wakeup(hub: ListenHub | None, *channels: str) -> AbstractContextManager[Wakeup]:

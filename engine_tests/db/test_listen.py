@@ -160,6 +160,24 @@ async def test_the_hub_resyncs_every_subscriber_once_after_a_reconnect(
             nursery.cancel_scope.cancel()
 
 
+async def test_the_hub_fans_out_a_run_of_notifications_in_one_turn() -> None:
+    """A statement that finishes many tasks sends a NOTIFY for each: once the hub wakes for
+    the first, every one already buffered reaches the subscriber before it runs again."""
+    hub = ListenHub(None, ["ch"])
+    with hub.subscribe("ch") as notes:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hub.run)
+            for n in range(50):
+                hub.listener._send.send_nowait(Notification("ch", str(n)))
+            with trio.fail_after(5):
+                first = await notes.receive()
+            with trio.CancelScope() as no_waiting:
+                no_waiting.cancel()  # a receive that had to wait would raise Cancelled
+                rest = [await notes.receive() for _ in range(49)]
+            assert [first, *rest] == [Notification("ch", str(n)) for n in range(50)]
+            nursery.cancel_scope.cancel()
+
+
 def test_the_hub_refuses_a_channel_it_does_not_listen_on() -> None:
     hub = ListenHub(None, ["ch_a"])
     with pytest.raises(ValueError, match="ch_b"), hub.subscribe("ch_a", "ch_b"):
