@@ -1,7 +1,8 @@
 """Inserting jobs: one statement for one job or twenty thousand, unique or not.
 
 Every insert goes through ``job_insert_many`` (an ``unnest`` INSERT ... ON CONFLICT on the
-partial unique index), so bulk inserts keep River's uniqueness and a duplicate returns the live
+partial unique index), or ``job_insert_one``, the same statement over scalars, for a single
+job; so bulk inserts keep River's uniqueness and a duplicate returns the live
 job flagged ``skipped``. The NOTIFY that wakes producers rides in the same statement (so it is
 delivered at commit, or never on rollback), once per queue per statement, whenever an inserted
 job is available. Unlike River's ``notifylimiter`` there is no rate limit on the insert side: a
@@ -62,6 +63,7 @@ DEFAULT_MAX_ATTEMPTS = 25
 InsertManyItem = Any | tuple[Any, InsertOpts | None] | InsertManyParams
 
 _INSERT_MANY = QUERIES["job_insert_many"]
+_INSERT_ONE = QUERIES["job_insert_one"]
 #: Rows per statement: large enough to amortise the round trip, small enough to stay well under
 #: Postgres's parameter and memory limits (River's completer uses the same sub-batch size).
 CHUNK = 5000
@@ -214,7 +216,12 @@ async def _insert_chunk(
     payloads = (
         [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel is not None else []
     )
-    rows = await conn.fetch(_INSERT_MANY, *job_columns(send), notify_channel or "", payloads)
+    columns = job_columns(send)
+    if len(send) == 1:  # job_insert_one: the same statement over scalars, planned once
+        query, columns = _INSERT_ONE, [column[0] for column in columns]
+    else:
+        query = _INSERT_MANY
+    rows = await conn.fetch(query, *columns, notify_channel or "", payloads)
     # RETURNING yields rows in the order INSERT ... SELECT ... ORDER BY produced them.
     results = [InsertResult(Job.from_record(r), bool(r["skipped"])) for r in rows]
     return [InsertResult(results[i].job, True) if dup else results[i] for i, dup in slot]

@@ -15,11 +15,14 @@ from engine.queue import (
     InsertManyParams,
     InsertOpts,
     InsertResult,
+    Job,
     JobError,
     JobState,
     QueueClient,
+    UniqueOpts,
     open_queue,
 )
+from engine.db.sqlfiles import QUERIES
 from engine.queue.config import QueueConfig
 
 
@@ -171,3 +174,46 @@ async def test_insert_many_refuses_a_bad_item_by_its_index_and_stores_nothing(
         with pytest.raises(JobError, match=message):
             await client.insert_many_tx(conn, items)
     assert await _rows(client) == []
+
+
+def test_the_single_insert_is_the_bulk_insert_over_scalars() -> None:
+    """``job_insert_one`` differs from ``job_insert_many`` only in how it reads its input, so
+    a single insert keeps every rule of the bulk one (uniqueness, the NOTIFY)."""
+    one, many = QUERIES["job_insert_one"], QUERIES["job_insert_many"]
+    rest = "inserted AS ("
+    assert one[one.index(rest) :] == many[many.index(rest) :]
+    assert "$1::text[]" in many and "$1::text AS kind" in one
+
+
+async def test_single_and_bulk_inserts_store_the_same_rows(client: QueueClient) -> None:
+    """One job through the single statement and one through the bulk one (its own chunk of
+    two with a duplicate): the same columns, and the same unique answer."""
+    opts = InsertOpts(
+        queue="forms",
+        priority=3,
+        max_attempts=7,
+        tags=["tag-a", "tag-b"],
+        metadata={"m": 1},
+        unique=UniqueOpts(by_args=True),
+    )
+    single = await client.insert({"n": 1}, opts, kind="form")
+    again = await client.insert({"n": 1}, opts, kind="form")
+    twice = InsertManyParams({"n": 2}, opts, kind="form")
+    bulk = await client.insert_many([twice, twice])
+    assert not single.skipped and again.skipped and again.job.id == single.job.id
+    assert [r.skipped for r in bulk] == [False, True]
+
+    def shape(job: Job) -> tuple[object, ...]:
+        return (
+            job.kind,
+            job.queue,
+            job.priority,
+            job.max_attempts,
+            job.state,
+            job.tags,
+            job.metadata,
+            job.unique_key is not None,
+        )
+
+    assert shape(single.job) == shape(bulk[0].job)
+    assert single.job.args == {"n": 1} and bulk[0].job.args == {"n": 2}

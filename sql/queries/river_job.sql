@@ -49,6 +49,30 @@ notified AS (
 )
 SELECT inserted.* FROM inserted, notified;
 
+-- name: job_insert_one
+-- job_insert_many for one job, with the same parameters as scalars ($12 and $13 as there): the
+-- statement a single insert sends. Below its input it is job_insert_many word for word. Why a
+-- second statement: PostgreSQL plans a prepared statement over unnest($n) anew on every run (a
+-- generic plan counts ten rows per array and always looks dearer than a custom one), which
+-- costs a single insert about as much as its execution; with scalars the generic plan is as
+-- cheap, so it is planned once per connection (as task_submit_one, docs/benchmarks.md).
+WITH input AS (
+    SELECT $1::text AS kind, $2::text AS args, $3::text AS queue, $4::smallint AS priority,
+           $5::smallint AS max_attempts, $6::timestamptz AS scheduled_at,
+           $7::river_job_state AS state, $8::text AS tags, $9::text AS metadata,
+           $10::bytea AS unique_key, $11::text AS unique_states, 1::bigint AS ord
+),
+inserted AS (
+    {{river_job_insert_from_input}}
+    ORDER BY ord
+    {{river_job_keep_live_duplicate}}
+    RETURNING river_job.*, (xmax != 0) AS skipped
+),
+notified AS (
+    SELECT count(pg_notify($12, payload)) AS n FROM unnest($13::text[]) AS payload
+)
+SELECT inserted.* FROM inserted, notified;
+
 -- name: job_get_available_completing
 -- Claim up to $2 available jobs of queue $1 for client $3 in one statement; the rows come back
 -- running with attempt + 1. SKIP LOCKED lets many producers claim at once without waiting on
