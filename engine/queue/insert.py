@@ -217,7 +217,7 @@ async def _insert_chunk(
         [insert_payload(q) for q in dict.fromkeys(available)] if notify_channel is not None else []
     )
     columns = job_columns(send)
-    if len(send) == 1:  # job_insert_one: the same statement over scalars, planned once
+    if len(send) == 1:  # job_insert_one: the same statement over scalars, no arrays
         query, columns = _INSERT_ONE, [column[0] for column in columns]
     else:
         query = _INSERT_MANY

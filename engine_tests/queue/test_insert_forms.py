@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from engine.db.database import Database
+from engine.db.sqlfiles import QUERIES
 from engine.queue import (
     InsertManyParams,
     InsertOpts,
@@ -22,7 +23,6 @@ from engine.queue import (
     UniqueOpts,
     open_queue,
 )
-from engine.db.sqlfiles import QUERIES
 from engine.queue.config import QueueConfig
 
 
