@@ -22,6 +22,21 @@ ON CONFLICT (unique_key)
     -- A no-op update so RETURNING yields the existing row; xmax != 0 marks it a duplicate.
     DO UPDATE SET kind = EXCLUDED.kind
 
+-- fragment: river_job_insert_after_input
+-- What job_insert_many and job_insert_one do with their CTE ``input`` (one row per job, with its
+-- ord): insert the jobs, keeping a live duplicate instead, and NOTIFY ($12 the channel, $13 the
+-- payloads); the statements differ only in how they read their input.
+inserted AS (
+    {{river_job_insert_from_input}}
+    ORDER BY ord
+    {{river_job_keep_live_duplicate}}
+    RETURNING river_job.*, (xmax != 0) AS skipped
+),
+notified AS (
+    SELECT count(pg_notify($12, payload)) AS n FROM unnest($13::text[]) AS payload
+)
+SELECT inserted.* FROM inserted, notified;
+
 -- name: job_insert_many
 -- Insert jobs in one statement, skipping live duplicates by unique key, and NOTIFY in the same
 -- statement when any inserted job is available. Returns the inserted row or, on a unique
@@ -38,21 +53,12 @@ WITH input AS (
     ) WITH ORDINALITY AS i(kind, args, queue, priority, max_attempts, scheduled_at, state, tags,
                            metadata, unique_key, unique_states, ord)
 ),
-inserted AS (
-    {{river_job_insert_from_input}}
-    ORDER BY ord
-    {{river_job_keep_live_duplicate}}
-    RETURNING river_job.*, (xmax != 0) AS skipped
-),
-notified AS (
-    SELECT count(pg_notify($12, payload)) AS n FROM unnest($13::text[]) AS payload
-)
-SELECT inserted.* FROM inserted, notified;
+{{river_job_insert_after_input}}
 
 -- name: job_insert_one
 -- job_insert_many for one job, with the same parameters as scalars ($12 and $13 as there): the
--- statement a single insert sends. Below its input it is job_insert_many word for word. Both
--- get generic plans after five runs; what one job saves over scalars is the eleven one-element
+-- statement a single insert sends; below its input the two are the same fragment. Both get
+-- generic plans after five runs; what one job saves over scalars is the eleven one-element
 -- arrays (encoded here, decoded and unnested there): 1.14 against 1.19 times a plain one-row
 -- INSERT with its commit, measured on 18 (docs/benchmarks.md).
 WITH input AS (
@@ -61,16 +67,7 @@ WITH input AS (
            $7::river_job_state AS state, $8::text AS tags, $9::text AS metadata,
            $10::bytea AS unique_key, $11::text AS unique_states, 1::bigint AS ord
 ),
-inserted AS (
-    {{river_job_insert_from_input}}
-    ORDER BY ord
-    {{river_job_keep_live_duplicate}}
-    RETURNING river_job.*, (xmax != 0) AS skipped
-),
-notified AS (
-    SELECT count(pg_notify($12, payload)) AS n FROM unnest($13::text[]) AS payload
-)
-SELECT inserted.* FROM inserted, notified;
+{{river_job_insert_after_input}}
 
 -- name: job_get_available_completing
 -- Claim up to $2 available jobs of queue $1 for client $3 in one statement; the rows come back
