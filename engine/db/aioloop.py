@@ -15,9 +15,9 @@ callbacks queue wait for the next tick, so a callback that keeps rescheduling it
 starve trio. Everything else (timers, trio tasks started from asyncio, the stop and the drain
 at close) is trio-asyncio's own code.
 
-It relies on three attributes of trio-asyncio 0.16's loop (``_main_loop_one``, ``_q_recv``,
-``_timers``); pyproject.toml pins trio-asyncio to 0.16.x, and
-``engine_tests/db/test_aioloop.py`` holds the behaviour to asyncio's.
+It relies on trio-asyncio 0.16's internals (the loop's ``_main_loop_one``, ``_q_recv``,
+``_timers`` and ``_nursery``, and its ``AsyncHandle``); pyproject.toml pins trio-asyncio to
+0.16.x, and ``engine_tests/db/test_aioloop.py`` holds the behaviour to asyncio's.
 """
 
 from __future__ import annotations
