@@ -10,6 +10,8 @@
 * ``queue_jobs_per_s`` / ``ratio_to_queue``: the queue's own burn-down in the same run (the
   ratio is printed, with no target).
 * ``round_trips_per_task``: statements this process sent during the drain, per task.
+* ``scheduler_ticks_per_task``: trio task steps during the drain, per task
+  (:mod:`engine.bench.ticks`): the same from run to run where the rates are not.
 * ``python_cpu_ms_per_task``: this process's CPU time over the drain, per task.
 * ``postgres_cpu_ms_per_task``: the whole server's CPU time over the drain, per task (its
   postmaster, reaped and live children: :mod:`engine.bench.cpu`). Only when the server runs on
@@ -34,6 +36,7 @@ import trio
 from engine.bench.common import BenchDatabase, percentile
 from engine.bench.cpu import CpuSample, postmaster_of, sample_cpu
 from engine.bench.queue import burn_down
+from engine.bench.ticks import counting_ticks
 from engine.config import load_config
 from engine.db.bridge import Counters
 from engine.db.database import DatabaseUrls
@@ -66,6 +69,7 @@ class TaskDrain:
     round_trips_per_task: float
     not_succeeded: int
     cpu: CpuSample
+    ticks_per_task: float
 
 
 async def _tasks(url: str, count: int, max_workers: int) -> TaskDrain:
@@ -95,18 +99,26 @@ async def _tasks(url: str, count: int, max_workers: int) -> TaskDrain:
         before = Counters.statements
         cpu_before = sample_cpu(postmaster)
         started = trio.current_time()
-        await eng.wait(requests[-1].id)
-        # Every task final, whatever its outcome (a failed one must not hang the run); the
-        # caller reports how many did not succeed.
-        while True:
-            counts = await eng.counts()
-            if sum(counts.get(s, 0) for s in _FINAL) >= count:
-                break
-            await trio.sleep(0.01)
+        with counting_ticks() as ticks:
+            await eng.wait(requests[-1].id)
+            # Every task final, whatever its outcome (a failed one must not hang the run); the
+            # caller reports how many did not succeed.
+            while True:
+                counts = await eng.counts()
+                if sum(counts.get(s, 0) for s in _FINAL) >= count:
+                    break
+                await trio.sleep(0.01)
         elapsed = trio.current_time() - started
         cpu = sample_cpu(postmaster) - cpu_before
         trips = (Counters.statements - before) / count
-    return TaskDrain(count / elapsed, submit_rate, trips, count - counts.get("succeeded", 0), cpu)
+    return TaskDrain(
+        count / elapsed,
+        submit_rate,
+        trips,
+        count - counts.get("succeeded", 0),
+        cpu,
+        ticks.total / count,
+    )
 
 
 # A row like a task's: a uuid key, a JSON payload, a few text columns.
@@ -182,6 +194,7 @@ async def run_tasks_bench(admin_url: str, *, quick: bool = False) -> dict[str, f
     results["tasks_not_succeeded"] = drain.not_succeeded
     results["submit_per_s"] = round(drain.submit_per_s, 1)
     results["round_trips_per_task"] = round(drain.round_trips_per_task, 3)
+    results["scheduler_ticks_per_task"] = round(drain.ticks_per_task, 2)
     results["python_cpu_ms_per_task"] = round(drain.cpu.python * 1000 / count, 3)
     if drain.cpu.postgres is not None:
         results["postgres_cpu_ms_per_task"] = round(drain.cpu.postgres * 1000 / count, 3)
