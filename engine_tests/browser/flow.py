@@ -134,6 +134,9 @@ def cross_origin(base: str) -> dict[str, Any]:
         page.goto("http://attacker.test/")
         with page.expect_response(re.compile(r"/pause$")):
             page.click("button")
+        # The response can come before the browser has shown it: a screenshot taken while the
+        # navigation commits fails ("Unable to capture screenshot"). Wait until it has loaded.
+        page.wait_for_url(f"{base}/queues/gateway_tasks/pause")
         page.screenshot(path=artifacts() / "12-cross-origin-refused.png")
     return {"status": statuses[-1]}
 
