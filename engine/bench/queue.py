@@ -206,8 +206,7 @@ async def _sleepy(db: Database, jobs: int, sleep: float, max_workers: int) -> fl
 
 
 async def run_queue_bench(admin_url: str, *, quick: bool = False) -> dict[str, float]:
-    """Run every queue figure on a fresh database on ``admin_url``'s server (each run its own
-    database)."""
+    """Run every queue figure on ``admin_url``'s server, each run on a fresh database."""
     scale = 10 if quick else 1
     jobs = 20_000 // scale
     results: dict[str, float] = {}
