@@ -24,6 +24,7 @@ Who records what:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import outcome
 import trio
@@ -32,7 +33,19 @@ from engine.queue.executor import Completion, cancelled, execute, interrupted
 from engine.queue.job import Job
 from engine.queue.workers import Workers
 
-__all__ = ["Runners"]
+__all__ = ["Runners", "work_nursery"]
+
+_WORK_NURSERY: ContextVar[trio.Nursery] = ContextVar("engine.queue.runners.work_nursery")
+
+
+def work_nursery() -> trio.Nursery | None:
+    """The work nursery of the generation running the current job; None outside a job.
+
+    A task started in it is cancelled by a hard stop of the generation and by any cancel from
+    above it, and by none of the job's own scopes (its timeout, a remote cancel of the job).
+    """
+    return _WORK_NURSERY.get(None)
+
 
 #: A claimed job and the callback that gives its slot back once its outcome is recorded.
 _Item = tuple[Job, Callable[[], None]]
@@ -92,6 +105,7 @@ class Runners:
 
     async def _run(self, item: _Item | None) -> None:
         self.alive += 1
+        _WORK_NURSERY.set(self._nursery)  # this runner task's own context
         try:
             while item is not None:
                 item = await self._run_in_one_scope(item)

@@ -32,6 +32,7 @@ from engine.providers.base import (
 )
 from engine.providers.context import TaskContext
 from engine.providers.throttle import UpstreamThrottle
+from engine.queue.runners import work_nursery
 from engine.tasks.fenced import FencedWrites
 from engine.tasks.gates import LoadSlot, Phase
 from engine.tasks.leases import Execution
@@ -68,7 +69,7 @@ class ProviderCrash(Exception):
 
 
 async def answer_despite_a_stop(
-    call: Callable[[], Awaitable[_T]], grace: float
+    call: Callable[[], Awaitable[_T]], grace: float, stops: trio.Nursery | None = None
 ) -> tuple[_T | None, bool]:
     """Await ``call()`` shielded from a stop (a cancellation from outside): once one arrives,
     the call gets ``grace`` more seconds to answer. Returns (its result, False), or (None,
@@ -78,11 +79,59 @@ async def answer_despite_a_stop(
     The stop's cancellation is level-triggered: a caller that goes on after a result (to record
     it) meets it again at its next unshielded checkpoint.
 
-    The watcher that turns a stop into the grace's deadline starts only once the call first
+    A watcher task turns a stop into the grace's deadline. It starts only once the call first
     waits (:func:`_watched`): a call that answers at once, without waiting on anything, cannot
     be cut off by a stop (a cancellation is delivered only where a task waits), so it needs no
     watcher, and the zero-latency path does not pay for a task it never uses.
+
+    ``stops`` is where the watcher runs: a nursery outside the caller's own scopes that a stop
+    cancels (a job's: :func:`engine.queue.runners.work_nursery`). Then a stop is a cancel of
+    that nursery or from above it, or the deadline of any scope around the call, known up front
+    (the call has until that deadline plus the grace); a cancel of a scope between the nursery
+    and the call is not one, and waits for the answer. This path opens no nursery of its own,
+    whose exit would cost every call a pass of the scheduler. Without ``stops`` the watcher
+    runs in a nursery opened around the call, and sees every stop.
     """
+    if stops is None:
+        return await _answer_in_own_nursery(call, grace)
+    # An enclosing scope's deadline (a job's timeout) is a stop known in advance; -inf, a
+    # scope already cancelled, is a stop now.
+    stop_at = max(trio.current_effective_deadline(), trio.current_time())
+    shield = trio.CancelScope(shield=True, deadline=stop_at + grace)
+    watch: trio.CancelScope | None = None
+
+    def start_watch() -> None:
+        nonlocal watch
+        watch = trio.CancelScope()
+        stops.start_soon(_watch_for_a_stop, watch, shield, grace)
+
+    with shield:
+        try:
+            return await _watched(call(), start_watch), False
+        finally:
+            if watch is not None:
+                watch.cancel()  # the call is over: nothing to watch for any more
+    return None, True
+
+
+async def _watch_for_a_stop(
+    watch: trio.CancelScope, shield: trio.CancelScope, grace: float
+) -> None:
+    """Sleep in the stop's nursery until ``watch`` is cancelled (the call is over) or a stop
+    cancels the nursery; a stop gives the call under ``shield`` ``grace`` more seconds."""
+    with watch:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if not watch.cancel_called:
+                shield.deadline = min(shield.deadline, trio.current_time() + grace)
+
+
+async def _answer_in_own_nursery(
+    call: Callable[[], Awaitable[_T]], grace: float
+) -> tuple[_T | None, bool]:
+    """:func:`answer_despite_a_stop` without a nursery given: the watcher's is opened here,
+    outside the shield, so that it sees every stop."""
     shield = trio.CancelScope(shield=True)
     result: list[_T] = []
     error: list[Exception] = []
@@ -356,7 +405,9 @@ class UpstreamCalls(FencedWrites):
                             answer = await provider_call("submit", provider.submit, task, prepared)
                         return answer
 
-                    ref, cut_off = await answer_despite_a_stop(call, self.submit_grace)
+                    ref, cut_off = await answer_despite_a_stop(
+                        call, self.submit_grace, work_nursery()
+                    )
                     if cut_off:
                         stopping = True
                         raise AmbiguousSubmission(

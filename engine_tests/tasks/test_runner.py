@@ -253,6 +253,38 @@ async def test_a_stop_during_the_upstream_call_waits_for_its_answer(idle: Engine
     assert sim(idle).submissions[task_id] == 1 and task_id not in sim(idle).cancelled
 
 
+@pytest.mark.parametrize("answers", [True, False])
+async def test_a_hard_stop_of_the_generation_mid_submit_waits_the_grace(
+    open_test_engine: OpenEngine, answers: bool
+) -> None:
+    """The same stop as a job of a running engine meets it: the generation's hard stop, seen
+    by the watcher in the generation's work nursery (not one of the submission's own)."""
+    provider = GatedProvider()
+    provider.submit_gate = trio.Event()
+    provider.poll_gate = trio.Event()  # waits upstream afterwards: the stop lands there
+    async with open_test_engine(max_workers=4, simulated=provider) as eng:
+        await eng.set_model("sim-model")
+        eng.runner.submit_grace = 0.5
+        task_id = await eng.submit(request())
+        with trio.fail_after(10):
+            await provider.in_submit.wait()
+        (generation,) = eng.queue.generations
+        generation.stop_and_cancel("test: hard stop")
+        if answers:
+            await trio.sleep(0.1)
+            provider.submit_gate.set()
+        with trio.fail_after(10):
+            await generation.stopped.wait()
+        task = await status(eng, task_id)
+    if answers:
+        # Recorded, then requeued by the stop: the next run resumes polling.
+        assert task.status is TaskStatus.QUEUED and task.upstream_ref is not None, task
+    else:
+        assert task.status is TaskStatus.MANUAL_REVIEW, task
+        assert "of a stop" in task.error["message"]
+    provider.submit_gate.set()
+
+
 async def test_row_10_real_lock_timeout_before_submission_requeues(
     open_test_engine: OpenEngine, db_url: str
 ) -> None:
