@@ -39,11 +39,13 @@ async def test_a_woken_task_is_counted_under_its_own_name() -> None:
 
 
 async def test_the_task_drain_counts_its_ticks_per_task(pg_admin_url: str) -> None:
-    """``bench tasks``' drain: every task succeeds, and the scheduler wakes about six times a
-    task (its job handed to a runner, its four fenced writes, its submission's nursery) plus a
-    share of the services'. Past nine, something wakes once per task again, as trio-asyncio's
-    loop and the LISTEN hub did before they took their work in runs (docs/benchmarks.md)."""
+    """``bench tasks``' drain: every task succeeds, and the scheduler wakes about five times a
+    task (its job handed to a runner, its four fenced writes) plus a share of the services'.
+    Past seven, something wakes once per task again, as trio-asyncio's loop and the LISTEN hub
+    did before they took their work in runs, and the submission's own nursery did before its
+    watcher moved to the generation's (docs/benchmarks.md)."""
     async with asyncio_loop(), BenchDatabase(pg_admin_url) as db:
-        drain = await _tasks(db.urls.tasks, 600, 600)
+        drain = await _tasks(db.urls.tasks, 600, 600, count_ticks=True)
     assert drain.not_succeeded == 0
-    assert 5 <= drain.ticks_per_task <= 9
+    assert drain.ticks_per_task is not None
+    assert 5 <= drain.ticks_per_task <= 7
