@@ -16,7 +16,6 @@ import itertools
 import logging
 import math
 import uuid
-from types import TracebackType
 
 import trio
 
@@ -85,7 +84,7 @@ class Execution:
     """One running execution: its token and the scope a cancel or a lost lease cancels."""
 
     __slots__ = (
-        "_guards",
+        "_shield",
         "_sleep",
         "_sleeper",
         "_woken",
@@ -107,7 +106,8 @@ class Execution:
         #: The upstream reference once known, and who to tell if the task is cancelled.
         self.upstream_ref: str | None = None
         self.provider: Provider | None = None
-        self._guards: list[trio.CancelScope] = []
+        #: The shield of the upstream call under way, which this execution's cancel reaches.
+        self._shield: trio.CancelScope | None = None
         #: True when a callback for the task was recorded (or may have been): look again.
         self._woken = False
         #: The task asleep in :meth:`sleep_until`, and the number of its alarm.
@@ -158,38 +158,20 @@ class Execution:
     def cancel(self, reason: str) -> None:
         """Cancel the execution, including a shielded upstream call in progress."""
         self.scope.cancel(reason=reason)
-        for guard in self._guards:
-            guard.cancel(reason=reason)
+        if self._shield is not None:
+            self._shield.cancel(reason=reason)
 
-    def cancel_guard(self) -> _Guard:
-        """A scope inside a shield that this execution's own cancel still reaches."""
-        return _Guard(self)
+    def shield(self) -> trio.CancelScope:
+        """A shielding scope for one upstream call: a stop does not reach inside it, this
+        execution's own cancel does (at once if it came before). :meth:`unshield` after it."""
+        shield = self._shield = trio.CancelScope(shield=True)
+        if self.scope.cancel_called:
+            shield.cancel()
+        return shield
 
-
-class _Guard:
-    """:meth:`Execution.cancel_guard`'s scope, registered with its execution while entered (a
-    class rather than a generator: it is entered once per submission)."""
-
-    __slots__ = ("execution", "scope")
-
-    def __init__(self, execution: Execution) -> None:
-        self.execution = execution
-        self.scope = trio.CancelScope()
-
-    def __enter__(self) -> None:
-        self.scope.__enter__()
-        self.execution._guards.append(self.scope)
-        if self.execution.scope.cancel_called:
-            self.scope.cancel()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self.execution._guards.remove(self.scope)
-        return self.scope.__exit__(exc_type, exc, tb)
+    def unshield(self) -> None:
+        """The call under :meth:`shield` is over."""
+        self._shield = None
 
 
 class LeaseKeeper:

@@ -69,7 +69,11 @@ class ProviderCrash(Exception):
 
 
 async def answer_despite_a_stop(
-    call: Callable[[], Awaitable[_T]], grace: float, stops: trio.Nursery | None = None
+    call: Callable[[], Awaitable[_T]],
+    grace: float,
+    stops: trio.Nursery | None = None,
+    *,
+    shield: trio.CancelScope | None = None,
 ) -> tuple[_T | None, bool]:
     """Await ``call()`` shielded from a stop (a cancellation from outside): once one arrives,
     the call gets ``grace`` more seconds to answer. Returns (its result, False), or (None,
@@ -91,13 +95,19 @@ async def answer_despite_a_stop(
     and the call is not one, and waits for the answer. This path opens no nursery of its own,
     whose exit would cost every call a pass of the scheduler. Without ``stops`` the watcher
     runs in a nursery opened around the call, and sees every stop.
+
+    ``shield`` is the shielding scope to run the call in (a new one if None): one that the
+    caller may cancel itself, e.g. for a cancel of its own that must reach the call. Cut off
+    that way, the call also returns (None, True).
     """
+    if shield is None:
+        shield = trio.CancelScope(shield=True)
     if stops is None:
-        return await _answer_in_own_nursery(call, grace)
+        return await _answer_in_own_nursery(call, grace, shield)
     # An enclosing scope's deadline (a job's timeout) is a stop known in advance; -inf, a
     # scope already cancelled, is a stop now.
     stop_at = max(trio.current_effective_deadline(), trio.current_time())
-    shield = trio.CancelScope(shield=True, deadline=stop_at + grace)
+    shield.deadline = min(shield.deadline, stop_at + grace)
     watch: trio.CancelScope | None = None
 
     def start_watch() -> None:
@@ -128,11 +138,10 @@ async def _watch_for_a_stop(
 
 
 async def _answer_in_own_nursery(
-    call: Callable[[], Awaitable[_T]], grace: float
+    call: Callable[[], Awaitable[_T]], grace: float, shield: trio.CancelScope
 ) -> tuple[_T | None, bool]:
     """:func:`answer_despite_a_stop` without a nursery given: the watcher's is opened here,
     outside the shield, so that it sees every stop."""
-    shield = trio.CancelScope(shield=True)
     result: list[_T] = []
     error: list[Exception] = []
 
@@ -398,17 +407,18 @@ class UpstreamCalls(FencedWrites):
                 try:
                     # A stop that arrives mid-call waits for the answer (bounded): cut off
                     # here, the submission would be ambiguous and the task would need a human.
-                    # A user's cancel still interrupts it (the execution's own scope).
-                    async def call() -> str | None:
-                        answer: str | None = None  # stays None if the user's cancel cut it
-                        with execution.cancel_guard():
-                            answer = await provider_call("submit", provider.submit, task, prepared)
-                        return answer
-
-                    ref, cut_off = await answer_despite_a_stop(
-                        call, self.submit_grace, work_nursery()
-                    )
-                    if cut_off:
+                    # A user's cancel still interrupts it (the execution's cancel reaches its
+                    # shield).
+                    try:
+                        ref, cut_off = await answer_despite_a_stop(
+                            lambda: provider_call("submit", provider.submit, task, prepared),
+                            self.submit_grace,
+                            work_nursery(),
+                            shield=execution.shield(),
+                        )
+                    finally:
+                        execution.unshield()
+                    if cut_off and not execution.scope.cancel_called:
                         stopping = True
                         raise AmbiguousSubmission(
                             f"no answer from the upstream within {self.submit_grace} s of a stop"

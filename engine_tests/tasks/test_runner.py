@@ -535,6 +535,39 @@ async def test_cancel_of_a_running_task_reaches_the_provider(idle: Engine) -> No
     assert task_id in sim(idle).cancelled
 
 
+async def test_a_cancel_mid_submit_cuts_the_upstream_call_short(idle: Engine) -> None:
+    """A stop waits for the upstream's answer; the user's cancel does not: the call is cut
+    short and the task is cancelled."""
+    task_id = await idle.submit(request())
+    sim(idle).submit_gate = trio.Event()  # never set: only the cancel ends the call
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(work, idle, task_id)
+        with trio.fail_after(5):
+            await sim(idle).in_submit.wait()
+        await idle.cancel(task_id)
+    task = await idle.wait(task_id, timeout=5)
+    assert task.status is TaskStatus.CANCELLED, task
+    assert sim(idle).submissions == {}
+
+
+async def test_a_cancel_mid_submit_in_a_running_engine_cuts_the_call_short(
+    open_test_engine: OpenEngine,
+) -> None:
+    """As above, for a job of the engine's own generation (whose stops are watched from the
+    generation's nursery)."""
+    provider = GatedProvider()
+    provider.submit_gate = trio.Event()
+    async with open_test_engine(max_workers=4, simulated=provider) as eng:
+        await eng.set_model("sim-model")
+        task_id = await eng.submit(request())
+        with trio.fail_after(10):
+            await provider.in_submit.wait()
+        await eng.cancel(task_id)
+        task = await eng.wait(task_id, timeout=10)
+    assert task.status is TaskStatus.CANCELLED, task
+    assert provider.submissions == {}
+
+
 async def test_a_lost_connection_requeues_the_task_instead_of_failing_it(idle: Engine) -> None:
     # The connection drops under the run (here: in the provider's own database call; the
     # chaos scenario `backend_kill` does it for real with pg_terminate_backend).
