@@ -60,6 +60,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from engine.db.bridge import uuid_of
 from engine.domain.tasks import TaskStatus
 from engine.errors import ConnectionLost, LeaseUnavailable, LockTimeout, ManualReview
 from engine.providers.base import Provider
@@ -128,7 +129,7 @@ class TaskRunner(Executions):
         The lease claim is the first statement and also the read: only when it finds the task
         not runnable does a second read say why (missing, final, not due, leased elsewhere).
         """
-        task_id = uuid.UUID(args.task_id)
+        task_id = uuid_of(args.task_id)
         lease: LoadSlot | None = None
         if self.load is not None:
             lease = self.load.try_start()
@@ -137,8 +138,9 @@ class TaskRunner(Executions):
                     return
                 raise JobSnooze(self._refused_start_delay(task_id))  # 3
         # A token only has to differ from the task's other executions' tokens: 128 bits of the
-        # process's random generator (reseeded in a forked child) are that, at half uuid4's cost.
-        run = Run(task_id, uuid.UUID(int=random.getrandbits(128)))
+        # process's random generator (reseeded in a forked child) are that, at a fifth of
+        # uuid4's cost.
+        run = Run(task_id, uuid_of(random.getrandbits(128).to_bytes(16, "big")))
         try:
             await self._execute(run, job, lease)  # 4, 5
         except LeaseUnavailable:  # 6

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 import trio
 
-from engine.db.bridge import Connection, asyncio_loop, connect, create_pool
+from engine.db.bridge import Connection, asyncio_loop, connect, create_pool, uuid_of
 from engine.db.database import Database
 from engine.errors import DatabaseError, LockTimeout, TransactionConflict, UniqueViolation
 
@@ -170,3 +171,35 @@ async def test_a_nested_transaction_is_a_savepoint(conn: Connection) -> None:
     with pytest.raises(ValueError, match="isolation must be one of"):
         async with conn.transaction("snapshot"):
             pass
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "3d8c8392-6028-4700-9422-d15d4b5232cf",
+        "3D8C8392602847009422D15D4B5232CF",
+        "{3d8c8392-6028-4700-9422-d15d4b5232cf}",
+        "urn:uuid:3d8c8392-6028-4700-9422-d15d4b5232cf",
+    ],
+)
+def test_uuid_of_reads_what_the_stdlib_reads(text: str) -> None:
+    parsed = uuid_of(text)
+    assert isinstance(parsed, uuid.UUID)
+    assert parsed == uuid.UUID(text) and hash(parsed) == hash(uuid.UUID(text))
+    assert str(parsed) == str(uuid.UUID(text))
+
+
+def test_uuid_of_16_bytes_and_of_nonsense() -> None:
+    raw = bytes(range(16))
+    assert uuid_of(raw) == uuid.UUID(bytes=raw)
+    with pytest.raises(ValueError):
+        uuid_of("not a uuid")
+
+
+async def test_uuid_of_is_sent_and_read_back_as_a_uuid(conn: Connection) -> None:
+    token = uuid_of(bytes(range(16)))
+    assert await conn.fetchval("SELECT $1::uuid", token) == token
+    assert await conn.fetchval("SELECT $1::uuid[]", [token, uuid.UUID(int=1)]) == [
+        token,
+        uuid.UUID(int=1),
+    ]
