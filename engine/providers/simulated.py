@@ -2,7 +2,9 @@
 
 Run mode ``simulation`` always uses it, and the demo catalogue serves its models with it. Every
 behaviour is drawn from a seeded RNG so runs repeat. ``submissions`` counts the submissions per
-task, which is how tests and the chaos scenarios prove that no task reaches the upstream twice.
+task, which is how tests and the chaos scenarios prove that no task reaches the upstream twice;
+like ``cancelled``, it remembers the latest ``memory`` tasks only (100,000 by default), so a
+service that runs simulation tasks for months does not grow with them.
 """
 
 from __future__ import annotations
@@ -75,12 +77,16 @@ class SimulatedProvider:
         config: SimulationConfig = SimulationConfig(),
         *,
         on_submit: Callable[[Task], None] | None = None,
+        memory: int = 100_000,
     ) -> None:
         self.config = config
         self.poll_interval = config.poll_interval
         self._rng = random.Random(config.seed)
+        #: Submissions per task, of the latest ``memory`` tasks submitted.
         self.submissions: collections.Counter[uuid.UUID] = collections.Counter()
-        self.cancelled: set[uuid.UUID] = set()
+        #: The latest ``memory`` tasks cancelled (a dict for its order: the oldest go first).
+        self.cancelled: dict[uuid.UUID, None] = {}
+        self.memory = memory
         self._on_submit = on_submit
         self._polls: dict[str, int] = {}
         self._fails: set[str] = set()
@@ -100,7 +106,10 @@ class SimulatedProvider:
     async def submit(self, task: Task, prepared: Any) -> str:
         """Accept the request (counted), possibly losing the response."""
         await self._wait(self.config.submit)
-        self.submissions[task.id] += 1
+        counts = self.submissions
+        counts[task.id] += 1
+        if len(counts) > self.memory:
+            del counts[next(iter(counts))]
         if self._on_submit is not None:
             self._on_submit(task)
         ref = f"sim-{random.getrandbits(64):016x}"
@@ -134,5 +143,7 @@ class SimulatedProvider:
 
     async def cancel(self, task: Task, upstream_ref: str) -> None:
         """Forget the request."""
-        self.cancelled.add(task.id)
+        self.cancelled[task.id] = None
+        if len(self.cancelled) > self.memory:
+            del self.cancelled[next(iter(self.cancelled))]
         self._polls.pop(upstream_ref, None)

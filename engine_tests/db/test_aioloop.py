@@ -96,3 +96,24 @@ async def test_asyncio_and_trio_still_call_each_other() -> None:
 
         with trio.fail_after(5):
             assert await call(from_asyncio) + 1 == 42
+
+
+async def test_cancelled_timers_leave_the_heap_as_in_asyncio() -> None:
+    """A timer cancelled long before its time (asyncpg bounds every pool release with one)
+    does not stay in the loop, holding its context, until then; the others stay, in order."""
+    async with asyncio_loop():
+        loop = _loop()
+        handles = [loop.call_later(60, lambda: None) for _ in range(1000)]
+        fired: list[int] = []
+        loop.call_later(0.01, fired.append, 1)
+        for handle in handles[:900]:
+            handle.cancel()
+        with trio.fail_after(5):
+            while not fired:
+                await trio.sleep(0.005)
+        timers = loop._timers  # type: ignore[attr-defined]
+        assert {id(t) for t in handles[900:]} <= {id(t) for t in timers}
+        assert not any(t.cancelled() for t in timers)
+        assert timers[0].when() == min(t.when() for t in timers)  # still a heap
+        for handle in handles[900:]:
+            handle.cancel()
