@@ -522,39 +522,30 @@ async def test_cancel_of_a_queued_task_is_immediate(idle: Engine) -> None:
     assert sim(idle).submissions == {}
 
 
-async def test_cancel_of_a_running_task_reaches_the_provider(idle: Engine) -> None:
+@pytest.mark.parametrize("phase", ["poll", "submit"])
+async def test_cancel_of_a_running_task_ends_it(idle: Engine, phase: str) -> None:
+    """The user's cancel ends a run waiting upstream (the provider is told), and a run in the
+    middle of its upstream call, which a stop would wait for: the call is cut short."""
     task_id = await idle.submit(request())
-    sim(idle).poll_gate = trio.Event()
+    setattr(sim(idle), f"{phase}_gate", trio.Event())  # never set: only the cancel ends it
     async with trio.open_nursery() as nursery:
         nursery.start_soon(work, idle, task_id)
         with trio.fail_after(5):
-            await sim(idle).in_poll.wait()
-        await idle.cancel(task_id)
-    task = await idle.wait(task_id, timeout=5)
-    assert task.status is TaskStatus.CANCELLED
-    assert task_id in sim(idle).cancelled
-
-
-async def test_a_cancel_mid_submit_cuts_the_upstream_call_short(idle: Engine) -> None:
-    """A stop waits for the upstream's answer; the user's cancel does not: the call is cut
-    short and the task is cancelled."""
-    task_id = await idle.submit(request())
-    sim(idle).submit_gate = trio.Event()  # never set: only the cancel ends the call
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(work, idle, task_id)
-        with trio.fail_after(5):
-            await sim(idle).in_submit.wait()
+            await getattr(sim(idle), f"in_{phase}").wait()
         await idle.cancel(task_id)
     task = await idle.wait(task_id, timeout=5)
     assert task.status is TaskStatus.CANCELLED, task
-    assert sim(idle).submissions == {}
+    if phase == "poll":
+        assert task_id in sim(idle).cancelled
+    else:
+        assert sim(idle).submissions == {}
 
 
 async def test_a_cancel_mid_submit_in_a_running_engine_cuts_the_call_short(
     open_test_engine: OpenEngine,
 ) -> None:
-    """As above, for a job of the engine's own generation (whose stops are watched from the
-    generation's nursery)."""
+    """The user's cancel mid-submit, for a job of the engine's own generation (whose stops are
+    watched from the generation's nursery): the call is cut short."""
     provider = GatedProvider()
     provider.submit_gate = trio.Event()
     async with open_test_engine(max_workers=4, simulated=provider) as eng:

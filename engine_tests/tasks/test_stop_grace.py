@@ -65,15 +65,17 @@ async def test_a_slow_call_without_a_stop_is_waited_for() -> None:
     assert await answer_despite_a_stop(lambda: _answer_after(0.3), 0.05) == ("answer", False)
 
 
-async def test_the_calls_own_scopes_and_errors_pass_through() -> None:
+@pytest.mark.parametrize("with_nursery", [False, True])
+async def test_the_calls_own_scopes_and_errors_pass_through(with_nursery: bool) -> None:
     async def own_timeout() -> str:
         with trio.move_on_after(0.01):
             await trio.sleep(30)
         await trio.lowlevel.checkpoint()
         raise ValueError("the call's own error")
 
-    with pytest.raises(ValueError, match="own error"):
-        await answer_despite_a_stop(own_timeout, 1.0)
+    async with trio.open_nursery() as stops:
+        with pytest.raises(ValueError, match="own error"):
+            await answer_despite_a_stop(own_timeout, 1.0, stops if with_nursery else None)
 
 
 # With a nursery for the watcher (a job's: the generation's work nursery), a stop is a cancel of
@@ -155,15 +157,3 @@ async def test_a_cancel_between_the_nursery_and_the_call_waits_for_the_answer() 
             pytest.fail("the cancel was lost")
     assert got == [("answer", False)]
     assert own.cancelled_caught
-
-
-async def test_with_a_nursery_the_calls_own_scopes_and_errors_pass_through() -> None:
-    async def own_timeout() -> str:
-        with trio.move_on_after(0.01):
-            await trio.sleep(30)
-        await trio.lowlevel.checkpoint()
-        raise ValueError("the call's own error")
-
-    async with trio.open_nursery() as stops:
-        with pytest.raises(ValueError, match="own error"):
-            await answer_despite_a_stop(own_timeout, 1.0, stops)
