@@ -69,6 +69,12 @@ def _burn(seconds: float) -> None:
         pass
 
 
+def _forget_oldest(remembered: dict[Any, Any], memory: int) -> None:
+    """Drop the oldest entry of ``remembered`` once it holds more than ``memory``."""
+    if len(remembered) > memory:
+        del remembered[next(iter(remembered))]
+
+
 class SimulatedProvider:
     """The simulated upstream; see the module docstring."""
 
@@ -106,10 +112,8 @@ class SimulatedProvider:
     async def submit(self, task: Task, prepared: Any) -> str:
         """Accept the request (counted), possibly losing the response."""
         await self._wait(self.config.submit)
-        counts = self.submissions
-        counts[task.id] += 1
-        if len(counts) > self.memory:
-            del counts[next(iter(counts))]
+        self.submissions[task.id] += 1
+        _forget_oldest(self.submissions, self.memory)
         if self._on_submit is not None:
             self._on_submit(task)
         ref = f"sim-{random.getrandbits(64):016x}"
@@ -144,6 +148,5 @@ class SimulatedProvider:
     async def cancel(self, task: Task, upstream_ref: str) -> None:
         """Forget the request."""
         self.cancelled[task.id] = None
-        if len(self.cancelled) > self.memory:
-            del self.cancelled[next(iter(self.cancelled))]
+        _forget_oldest(self.cancelled, self.memory)
         self._polls.pop(upstream_ref, None)

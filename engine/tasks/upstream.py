@@ -140,28 +140,16 @@ async def _watch_for_a_stop(
 async def _answer_in_own_nursery(
     call: Callable[[], Awaitable[_T]], grace: float, shield: trio.CancelScope
 ) -> tuple[_T | None, bool]:
-    """:func:`answer_despite_a_stop` without a nursery given: the watcher's is opened here,
-    outside the shield, so that it sees every stop."""
-    result: list[_T] = []
+    """:func:`answer_despite_a_stop` without a nursery given: one opened here, around the
+    call, is the stops' nursery, so that every stop cancels it."""
+    answer: list[tuple[_T | None, bool]] = []
     error: list[Exception] = []
-
-    async def watch() -> None:
-        try:
-            await trio.sleep_forever()
-        finally:  # the stop, or the call's end (then nothing waits on the shield any more)
-            shield.deadline = min(shield.deadline, trio.current_time() + grace)
-
     try:
-        async with trio.open_nursery() as nursery:
-            # The nursery is outside the shield, so the watcher it starts sees the stop.
-            with shield:
-                try:
-                    answer = await _watched(call(), lambda: nursery.start_soon(watch))
-                    result.append(answer)
-                except Exception as exc:  # raised below, as itself rather than in a group
-                    error.append(exc)
-            if nursery.child_tasks:  # the watcher, if the call waited
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as stops:
+            try:
+                answer.append(await answer_despite_a_stop(call, grace, stops, shield=shield))
+            except Exception as exc:  # raised below, as itself rather than in a group
+                error.append(exc)
     except BaseException as exc:
         only_cancelled = isinstance(exc, trio.Cancelled) or (
             isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
@@ -171,9 +159,7 @@ async def _answer_in_own_nursery(
         # Only the stop's cancellation, seen by the watcher: the call's outcome comes first.
     if error:
         raise error[0]
-    if result:
-        return result[0], False
-    return None, shield.cancelled_caught
+    return answer[0]
 
 
 @types.coroutine

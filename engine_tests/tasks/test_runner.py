@@ -282,7 +282,6 @@ async def test_a_hard_stop_of_the_generation_mid_submit_waits_the_grace(
     else:
         assert task.status is TaskStatus.MANUAL_REVIEW, task
         assert "of a stop" in task.error["message"]
-    provider.submit_gate.set()
 
 
 async def test_row_10_real_lock_timeout_before_submission_requeues(
