@@ -39,14 +39,19 @@ import itertools
 import json
 import logging
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 import asyncpg
 import trio
-import trio_asyncio
 from asyncpg.pgproto.pgproto import UUID as _PgUUID
+
+with warnings.catch_warnings():
+    # As in engine.db.aioloop: trio-asyncio warns on import from Python 3.12 on.
+    warnings.filterwarnings("ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning)
+    import trio_asyncio
 
 from engine.db.aioloop import run_callbacks_in_runs
 from engine.errors import (
