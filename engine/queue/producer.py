@@ -92,11 +92,13 @@ class ProducerConfig:
     fetchers: int = 2
     #: Most completions one claim carries for the completer.
     carry_limit: int = 5000
-    #: Most jobs one claim takes; None takes a quarter of ``max_workers``, at least 32. Smaller
-    #: claims start their first jobs sooner: 32 measured best for 100 workers of 50 ms jobs
-    #: (sleepy benchmark) without costing the no-op burn-down at 32. With hundreds of workers
-    #: a claim of 32 is a statement per 32 jobs for no gain in latency: at 600 (the task drain)
-    #: claims of 150 cost 40 % fewer statements and 7 % less Python a task (docs/benchmarks.md).
+    #: Most jobs one claim takes; None takes a quarter of ``max_workers``, from 32 to 128.
+    #: Smaller claims start their first jobs sooner: 32 measured best for 100 workers of 50 ms
+    #: jobs (sleepy benchmark) without costing the no-op burn-down at 32. With hundreds of
+    #: workers a claim of 32 is a statement per 32 jobs for no gain in latency: at 600 (the task
+    #: drain) claims of 128 or 150 cost 40 % fewer statements and about 7 % less Python a task.
+    #: Claims of 256 did no better there, and held 10,000 tasks in flight at 10.0 KB of RSS a
+    #: task against 9.7 at 128 (docs/benchmarks.md).
     claim_max: int | None = None
     #: ``(key, values)``: claim only jobs whose args lack ``key`` or hold one of ``values``;
     #: None claims every job.
@@ -133,7 +135,9 @@ class Producer:
         self._in_flight = 0
         # ProducerConfig.claim_max, resolved.
         self.claim_max = (
-            config.claim_max if config.claim_max is not None else max(32, config.max_workers // 4)
+            config.claim_max
+            if config.claim_max is not None
+            else min(max(32, config.max_workers // 4), 128)
         )
         key, values = config.args_filter or (None, None)
         self._filter_key: str | None = key

@@ -1,4 +1,4 @@
-"""How many jobs one claim takes: a quarter of the producer's ``max_workers``, at least 32.
+"""How many jobs one claim takes: a quarter of the producer's ``max_workers``, from 32 to 128.
 
 Jobs claimed by one statement share their ``attempted_at`` (the claim's transaction time), so a
 generation whose jobs all wait shows its claims as the groups of equal ``attempted_at``."""
@@ -41,8 +41,8 @@ async def _claim_sizes(database: Database, max_workers: int, jobs: int) -> list[
     return sorted(Counter(started).values(), reverse=True)
 
 
-@pytest.mark.parametrize(("max_workers", "claim"), [(32, 32), (100, 32), (200, 50)])
-async def test_a_claim_takes_a_quarter_of_the_workers_and_at_least_32(
+@pytest.mark.parametrize(("max_workers", "claim"), [(32, 32), (100, 32), (200, 50), (800, 128)])
+async def test_a_claim_takes_a_quarter_of_the_workers_from_32_to_128(
     database: Database, max_workers: int, claim: int
 ) -> None:
     sizes = await _claim_sizes(database, max_workers, 2 * max_workers)
