@@ -96,7 +96,8 @@ class ProducerConfig:
     #: Smaller claims start their first jobs sooner: 32 measured best for 100 workers of 50 ms
     #: jobs (sleepy benchmark) without costing the no-op burn-down at 32. With hundreds of
     #: workers a claim of 32 is a statement per 32 jobs for no gain in latency: at 600 (the task
-    #: drain) claims of 128 or 150 cost 40 % fewer statements and about 7 % less Python a task.
+    #: drain) claims of 128 or 150 cost 40 % fewer statements, 0-7 % less Python and up to 15 %
+    #: less PostgreSQL CPU a task.
     #: Claims of 256 did no better there, and held 10,000 tasks in flight at 10.0 KB of RSS a
     #: task against 9.7 at 128 (docs/benchmarks.md).
     claim_max: int | None = None
