@@ -31,17 +31,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import types
-import warnings
 from typing import Any
 
 import sniffio
 import trio
 
-with warnings.catch_warnings():
-    # trio-asyncio subclasses asyncio's child watcher, deprecated from Python 3.12 on: a
-    # program or a test suite that makes warnings errors must still import the engine.
-    warnings.filterwarnings("ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning)
-    from trio_asyncio._handles import AsyncHandle
+# Imported only by engine.db.bridge, which has imported trio-asyncio first, quietly.
+from trio_asyncio._handles import AsyncHandle
 
 __all__ = ["run_callbacks_in_runs"]
 

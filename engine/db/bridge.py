@@ -49,7 +49,9 @@ import trio
 from asyncpg.pgproto.pgproto import UUID as _PgUUID
 
 with warnings.catch_warnings():
-    # As in engine.db.aioloop: trio-asyncio warns on import from Python 3.12 on.
+    # trio-asyncio subclasses asyncio's child watcher, deprecated from Python 3.12 on: a
+    # program or a test suite that makes warnings errors must still import the engine. This
+    # module imports it first (engine.db.aioloop, which uses it too, is imported below).
     warnings.filterwarnings("ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning)
     import trio_asyncio
 

@@ -92,20 +92,29 @@ class ProducerConfig:
     fetchers: int = 2
     #: Most completions one claim carries for the completer.
     carry_limit: int = 5000
-    #: Most jobs one claim takes; None takes a quarter of ``max_workers``, from 32 to 128.
-    #: Smaller claims start their first jobs sooner: 32 measured best for 100 workers of 50 ms
-    #: jobs (sleepy benchmark) without costing the no-op burn-down at 32. With hundreds of
-    #: workers a claim of 32 is a statement per 32 jobs for no gain in latency: at 600 (the task
-    #: drain) claims of 128 or 150 cost 40 % fewer statements, 0-7 % less Python and up to 15 %
-    #: less PostgreSQL CPU a task.
-    #: Claims of 256 did no better there, and held 10,000 tasks in flight at 10.0 KB of RSS a
-    #: task against 9.7 at 128 (docs/benchmarks.md).
+    #: Most jobs one claim takes; None: :attr:`claim_limit` decides.
     claim_max: int | None = None
     #: ``(key, values)``: claim only jobs whose args lack ``key`` or hold one of ``values``;
     #: None claims every job.
     args_filter: tuple[str, tuple[str, ...]] | None = attrs.field(
         default=None, converter=normalize_args_filter
     )
+
+    @property
+    def claim_limit(self) -> int:
+        """Most jobs one claim takes: ``claim_max``, or a quarter of ``max_workers``, from 32
+        to 128.
+
+        Smaller claims start their first jobs sooner: 32 measured best for 100 workers of 50 ms
+        jobs (sleepy benchmark) without costing the no-op burn-down at 32. With hundreds of
+        workers a claim of 32 is a statement per 32 jobs for no gain in latency: at 600 (the
+        task drain) claims of 128 or 150 cost 40 % fewer statements, 0-7 % less Python and up
+        to 15 % less PostgreSQL CPU a task. Claims of 256 did no better there, and held 10,000
+        tasks in flight at 10.0 KB of RSS a task against 9.7 at 128 (docs/benchmarks.md).
+        """
+        if self.claim_max is not None:
+            return self.claim_max
+        return min(max(32, self.max_workers // 4), 128)
 
 
 class Producer:
@@ -134,12 +143,6 @@ class Producer:
         self.fetches = 0
         self._fetch_when_free = False
         self._in_flight = 0
-        # ProducerConfig.claim_max, resolved.
-        self.claim_max = (
-            config.claim_max
-            if config.claim_max is not None
-            else min(max(32, config.max_workers // 4), 128)
-        )
         key, values = config.args_filter or (None, None)
         self._filter_key: str | None = key
         self._filter_values: list[str] | None = None if values is None else list(values)
@@ -228,7 +231,7 @@ class Producer:
                 await trio.sleep_until(last_fetch + self.config.cooldown)
             if not await self._has_room():
                 continue
-            limit = min(self.free_slots(), self.claim_max)
+            limit = min(self.free_slots(), self.config.claim_limit)
             try:
                 jobs = await self._claim(conn, limit)
             except ConnectionLost:
