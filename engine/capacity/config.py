@@ -9,7 +9,7 @@ from typing import Literal
 import attrs
 
 from engine.queue.config import MAX_WORKERS
-from engine.settings import boolean, choice, integer, number, setting
+from engine.settings import choice, integer, number, setting
 
 __all__ = ["WorkerConfig"]
 
@@ -115,18 +115,6 @@ class WorkerConfig:
         2.0,
         "Seconds between two attempts of the service start.",
         number(ge=0),
-    )
-    gc_tuning: bool = setting(
-        True,
-        "Tune Python's garbage collector for running jobs, once a worker's service has "
-        "started: what exists then (the code, the engine, your app's start-up objects) is left "
-        "out of later collections (`gc.freeze()`), and the youngest generation is collected "
-        "every 10,000 allocations instead of 700. Runs allocate many short-lived objects that "
-        "reference counting frees; with the defaults the collector walks the whole heap again "
-        "and again for almost no garbage, about a fifth of the CPU of `bench tasks`. It is "
-        "process-wide, so set it false when your application tunes the collector itself; the "
-        "previous settings come back when the last service that tuned them stops.",
-        boolean(),
     )
     lock_timeout_requeue_delay: float = setting(
         1.0,

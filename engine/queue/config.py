@@ -210,6 +210,19 @@ class QueueConfig:
         number(ge=0),
     )
 
+    gc_tuning: bool = setting(
+        True,
+        "Tune Python's garbage collector while this process runs jobs (from the start of its "
+        "first generation to the end of its last): what exists when the first starts (the "
+        "code, the engine, your app's start-up objects) is left out of later collections "
+        "(`gc.freeze()`), and the youngest generation is collected every 10,000 allocations "
+        "instead of 700. Runs allocate many short-lived objects that reference counting frees; "
+        "with the defaults the collector walks the whole heap again and again for almost no "
+        "garbage (about a fifth of the CPU of `bench tasks`), and each full pass stops every "
+        "job for 15-30 ms. It is process-wide, so set it false when your application tunes the "
+        "collector itself; the previous settings come back when the last generation stops.",
+        boolean(),
+    )
     river_indexes: bool = setting(
         False,
         "Create the three indexes of River's schema that engine leaves out "

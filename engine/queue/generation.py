@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from engine.db.bridge import Pool
+from engine.queue.collector import tuned_collector
 from engine.queue.completer import Completer
 from engine.queue.config import MAX_WORKERS, QueueConfig
 from engine.queue.job import Job
@@ -57,6 +58,8 @@ class GenerationConfig:
     job_timeout: float | None
     """Deadline of a job whose worker has no timeout of its own; None means none
     (``queue.job_timeout``)."""
+    gc_tuning: bool
+    """Tune the garbage collector while the generation runs (``queue.gc_tuning``)."""
     args_filter: tuple[str, tuple[str, ...]] | None = attrs.field(
         default=None, converter=normalize_args_filter
     )
@@ -81,6 +84,7 @@ class GenerationConfig:
             poll_interval=section.fetch_poll_interval,
             claim_timeout=section.hot_operation_timeout,
             job_timeout=section.job_timeout,
+            gc_tuning=section.gc_tuning,
             args_filter=args_filter,
         )
 
@@ -155,35 +159,36 @@ class Generation:
         sender = self.completer.sender()
         record = self.completer.record_with(sender)
         try:
-            async with trio.open_nursery() as work:
-                self._work_scope = work.cancel_scope
-                runners = Runners(
-                    work,
-                    self.workers,
-                    record,
-                    self.cancel_scopes,
-                    default_timeout=self.config.job_timeout,
-                )
-                async with trio.open_nursery() as fetch:
-                    self._fetch_scope = fetch.cancel_scope
-                    for queue, max_workers in self.config.queues.items():
-                        await fetch.start(self._run_producer, queue, max_workers, runners)
-                    log.info(
-                        "generation started",
-                        extra={
-                            "event": "generation_started",
-                            "generation": self.number,
-                            "client_id": self.config.client_id,
-                            "queues": dict(self.config.queues),
-                            "args_filter": self.config.args_filter,
-                        },
+            with tuned_collector(self.config.gc_tuning):
+                async with trio.open_nursery() as work:
+                    self._work_scope = work.cancel_scope
+                    runners = Runners(
+                        work,
+                        self.workers,
+                        record,
+                        self.cancel_scopes,
+                        default_timeout=self.config.job_timeout,
                     )
-                    task_status.started()
-                    if self._pending_stop is not None:
-                        hard, reason = self._pending_stop
-                        (self.stop_and_cancel if hard else self.stop)(reason)
-                self.fetching_stopped.set()
-                runners.close()
+                    async with trio.open_nursery() as fetch:
+                        self._fetch_scope = fetch.cancel_scope
+                        for queue, max_workers in self.config.queues.items():
+                            await fetch.start(self._run_producer, queue, max_workers, runners)
+                        log.info(
+                            "generation started",
+                            extra={
+                                "event": "generation_started",
+                                "generation": self.number,
+                                "client_id": self.config.client_id,
+                                "queues": dict(self.config.queues),
+                                "args_filter": self.config.args_filter,
+                            },
+                        )
+                        task_status.started()
+                        if self._pending_stop is not None:
+                            hard, reason = self._pending_stop
+                            (self.stop_and_cancel if hard else self.stop)(reason)
+                    self.fetching_stopped.set()
+                    runners.close()
         finally:
             with trio.CancelScope(shield=True):
                 await sender.aclose()

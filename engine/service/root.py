@@ -78,7 +78,6 @@ from engine.queue.insert import InsertParams, insert_tx
 from engine.schedules.model import Schedule
 from engine.schedules.scheduler import PeriodicScheduler
 from engine.service.assemble import assemble, configured_schedules, with_http_models
-from engine.service.collector import tuned_collector
 from engine.service.control import start_control
 from engine.service.engine import Engine
 from engine.service.health import DATABASE
@@ -377,8 +376,7 @@ async def _run_tree(
                 },
             )
             on_started(engine)
-            with tuned_collector(worker and control and config.worker.gc_tuning):
-                await trio.sleep_forever()
+            await trio.sleep_forever()
         finally:
             engine.health.serving = False
             with trio.CancelScope(shield=True):
