@@ -431,6 +431,25 @@ def test_unknown_override_with_suggestion() -> None:
         load_config(env={}, overrides={"worker.hard_limt": "5"})
 
 
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        # A setting that moved to another section is found by its own name.
+        ("worker.gc_tuning", "; did you mean queue.gc_tuning?"),
+        ("ENGINE_WORKER_GC_TUNING", "; did you mean ENGINE_QUEUE_GC_TUNING?"),
+        # The section two names share makes neither close to the other.
+        ("queue.bogus", ""),
+        ("ENGINE_QUEUE_BOGUS", ""),
+    ],
+)
+def test_suggestions_compare_what_the_names_do_not_share(key: str, hint: str) -> None:
+    env, overrides = ({key: "1"}, {}) if key.startswith("ENGINE_") else ({}, {key: "1"})
+    where = "environment variable" if env else "from --set"
+    problem = f"{key} ({where}): unknown setting{hint}"
+    with pytest.raises(ConfigError, match=only(problem)):
+        load_config(env=env, overrides=overrides)
+
+
 def test_unknown_toml_key(tmp_path: Path) -> None:
     toml = write_toml(tmp_path, "[queue]\nfetch_coolodwn = 0.5\n")
     problem = (

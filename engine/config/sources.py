@@ -116,14 +116,30 @@ def _shown(name: str, value: object) -> str:
 
 
 def _suggestion(word: str, candidates: list[str], spell: Callable[[str], str] = str) -> str:
-    # Compared without the ENGINE_ prefix every variable shares, or it alone makes any short
-    # name look close to another (ENGINE_QWXZJK to ENGINE_APP).
-    def bare(name: str) -> str:
-        return name.removeprefix(ENV_PREFIX)
+    best, best_score = None, _CLOSE_ENOUGH
+    for candidate in candidates:
+        score = difflib.SequenceMatcher(None, *_distinct_parts(word, candidate)).ratio()
+        if score >= best_score:
+            best, best_score = candidate, score
+    return f"; did you mean {spell(best)}?" if best is not None else ""
 
-    by_bare = {bare(c): c for c in candidates}
-    close = difflib.get_close_matches(bare(word), list(by_bare), n=1, cutoff=0.6)
-    return f"; did you mean {spell(by_bare[close[0]])}?" if close else ""
+
+#: How alike two names must be (``difflib``'s ratio) to suggest one for the other.
+_CLOSE_ENOUGH: Final = 0.6
+
+
+def _distinct_parts(word: str, candidate: str) -> tuple[str, str]:
+    """The two names without what they share up to a separator: the ``ENGINE_`` prefix every
+    variable has and the section two settings share. Either alone made short names look
+    alike (``ENGINE_QWXZJK`` and ``ENGINE_APP``, ``queue.bogus`` and ``queue.gc_tuning``);
+    a setting that moved between sections still matches by its own name."""
+    same = next(
+        (i for i, (a, b) in enumerate(zip(word, candidate, strict=False)) if a != b),
+        min(len(word), len(candidate)),
+    )
+    shared = word[:same]
+    cut = max(shared.rfind("."), shared.rfind("_")) + 1
+    return word[cut:], candidate[cut:]
 
 
 def _read_schedules(value: object, origin: str, problems: list[str]) -> list[Schedule]:
