@@ -31,10 +31,13 @@ def test_the_last_holder_to_leave_puts_the_settings_back() -> None:
 def test_objects_frozen_before_it_stay_frozen() -> None:
     gc.freeze()  # as an application that tunes the collector itself, or the interpreter, may
     frozen = gc.get_freeze_count()
-    with tuned_collector(True):
+    try:
+        with tuned_collector(True):
+            assert gc.get_freeze_count() >= frozen
+        # It cannot tell its objects from the others': unfreezing would undo the other freeze.
         assert gc.get_freeze_count() >= frozen
-    # It cannot tell its objects from the others': unfreezing would undo the other freeze.
-    assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()  # the rest of the suite runs with nothing frozen
 
 
 def test_disabled_it_changes_nothing() -> None:
